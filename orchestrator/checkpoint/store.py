@@ -1,0 +1,276 @@
+"""One store for every checkpoint of a run: `<run_dir>/checkpoints/step-<N>/`.
+
+Commit protocol. The files of a checkpoint are written first, its manifest (sizes and sha256 of
+every file) last; a checkpoint is committed exactly when `step-<N>/manifest.json` exists. On a
+local filesystem the whole folder is built under a temporary name and renamed into place, which
+is atomic; on an object store each object appears whole when its upload completes, so writing the
+manifest last gives the same guarantee. Readers therefore only ever take committed checkpoints,
+and loading re-checks every checksum, falling back to the previous checkpoint with a warning
+when one turns out partial or corrupt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow.fs as pafs
+
+from orchestrator import storage
+from orchestrator.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, library_versions, sha256_hex
+from orchestrator.errors import CheckpointError
+from orchestrator.storage import Location
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_PREFIX = ".tmp-"
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint failed verification; `reason` says what was wrong."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+@dataclass
+class CheckpointInfo:
+    name: str
+    location: Location
+    step: int
+    # committed | partial (no manifest: an interrupted write) | corrupt (manifest or files wrong)
+    status: str
+    manifest: Manifest | None = None
+    problem: str = ""
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(e.size for e in self.manifest.files.values()) if self.manifest else 0
+
+
+@dataclass
+class Selection:
+    """The checkpoint chosen to resume from (None: start fresh) and why others were passed over."""
+
+    info: CheckpointInfo | None
+    files: dict[str, bytes]
+    skipped: list[str]
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+class CheckpointStore:
+    def __init__(self, run_dir: Location):
+        self.run_dir = run_dir
+        self.root = run_dir.join(CHECKPOINTS_DIR)
+
+    @classmethod
+    def for_run(cls, run_uri: str) -> "CheckpointStore":
+        return cls(storage.resolve(run_uri))
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def scan(self) -> list[CheckpointInfo]:
+        """Every checkpoint folder, oldest first, with a status from its manifest and file sizes."""
+        infos = []
+        for entry in storage.list_dir(self.root):
+            if entry.type != pafs.FileType.Directory:
+                continue
+            if entry.base_name.startswith(TMP_PREFIX):
+                step = _tmp_step(entry.base_name)
+                loc = self.root.join(entry.base_name)
+                infos.append(CheckpointInfo(entry.base_name, loc, step, "partial", problem="write never committed"))
+                continue
+            match = STEP_DIR.match(entry.base_name)
+            if match:
+                infos.append(self._inspect(entry.base_name, int(match.group(1))))
+        return sorted(infos, key=lambda i: (i.step, i.status == "committed"))
+
+    def committed(self) -> list[CheckpointInfo]:
+        return [i for i in self.scan() if i.status == "committed"]
+
+    def _inspect(self, name: str, step: int) -> CheckpointInfo:
+        loc = self.root.join(name)
+        manifest_loc = loc.join(MANIFEST_NAME)
+        if not storage.exists(manifest_loc):
+            return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
+        try:
+            manifest = Manifest.from_json(storage.read_bytes(manifest_loc))
+        except Exception as exc:
+            return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
+        info = CheckpointInfo(name, loc, step, "committed", manifest)
+        for fname, entry in manifest.files.items():
+            finfo = loc.fs.get_file_info(loc.join(fname).path)
+            if finfo.type == pafs.FileType.NotFound:
+                info.status, info.problem = "corrupt", f"file '{fname}' is missing"
+                break
+            if finfo.size != entry.size:
+                info.status, info.problem = "corrupt", f"file '{fname}' has {finfo.size} bytes, manifest says {entry.size}"
+                break
+        return info
+
+    def read_files(self, info: CheckpointInfo) -> dict[str, bytes]:
+        """Every file of a committed checkpoint, each checked against its manifest checksum."""
+        if info.status != "committed" or info.manifest is None:
+            raise CorruptCheckpoint(info.name, info.problem or info.status)
+        files = {}
+        for fname, entry in info.manifest.files.items():
+            try:
+                data = storage.read_bytes(info.location.join(fname))
+            except (OSError, FileNotFoundError) as exc:
+                raise CorruptCheckpoint(info.name, f"file '{fname}' unreadable ({exc})") from None
+            if len(data) != entry.size or sha256_hex(data) != entry.sha256:
+                raise CorruptCheckpoint(info.name, f"file '{fname}' fails its sha256 check")
+            files[fname] = data
+        return files
+
+    def verify(self, info: CheckpointInfo) -> CheckpointInfo:
+        """Full check of every checksum; returns the info with its status updated."""
+        if info.status == "committed":
+            try:
+                self.read_files(info)
+            except CorruptCheckpoint as exc:
+                info.status, info.problem = "corrupt", exc.reason
+        return info
+
+    def latest_loadable(self) -> "Selection":
+        """The newest checkpoint that verifies, its files, and a warning for each one skipped."""
+        skipped: list[str] = []
+        for info in reversed(self.scan()):
+            if info.name.startswith(TMP_PREFIX):
+                continue  # never committed; not worth a warning on every start
+            try:
+                files = self.read_files(info)
+            except CorruptCheckpoint as exc:
+                skipped.append(f"skipped checkpoint {info.uri}: {exc.reason}")
+                log.warning(skipped[-1])
+                continue
+            return Selection(info, files, skipped)
+        return Selection(None, {}, skipped)
+
+    def open_uri(self, uri: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+        """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not."""
+        loc = storage.resolve(uri)
+        name = os.path.basename(loc.path.rstrip("/"))
+        match = STEP_DIR.match(name)
+        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+            raise CheckpointError(
+                f"resume_from '{uri}': no checkpoint folder exists there. Fix: pick one listed by "
+                "`orchestrator checkpoints <run>` or use resume_from: latest."
+            )
+        info = CheckpointStore(Location(loc.fs, os.path.dirname(loc.path), uri))._inspect(name, int(match.group(1)) if match else -1)
+        info.location = loc
+        try:
+            return info, self.read_files(info)
+        except CorruptCheckpoint as exc:
+            raise CheckpointError(
+                f"resume_from '{uri}': the checkpoint is {info.status if info.status != 'committed' else 'corrupt'} "
+                f"({exc.reason}) and cannot be loaded. Fix: pick a committed checkpoint from "
+                "`orchestrator checkpoints <run> --verify`, or use resume_from: latest."
+            ) from None
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def commit(self, manifest: Manifest, files: dict[str, bytes]) -> CheckpointInfo:
+        """Write `files` and their manifest as checkpoint `step-<manifest.step>`, atomically."""
+        manifest.files = {n: FileEntry(size=len(d), sha256=sha256_hex(d)) for n, d in files.items()}
+        manifest.versions = manifest.versions or library_versions()
+        name = step_dir_name(manifest.step)
+        final = self.root.join(name)
+        storage.ensure_dir(self.root)
+        if final.is_local:
+            staging = self.root.join(f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
+            self._write_all(staging, manifest, files)
+            if os.path.exists(final.path):  # an uncommitted or superseded leftover at the same step
+                self._remove_local(final.path)
+            os.rename(staging.path, final.path)
+        else:
+            self._write_all(final, manifest, files)
+        return CheckpointInfo(name, final, manifest.step, "committed", manifest)
+
+    def _write_all(self, loc: Location, manifest: Manifest, files: dict[str, bytes]) -> None:
+        storage.ensure_dir(loc)
+        for fname, data in files.items():
+            storage.write_bytes(loc.join(fname), data)
+            if loc.is_local:
+                _fsync(loc.join(fname).path)
+        storage.write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+        if loc.is_local:
+            _fsync(loc.join(MANIFEST_NAME).path)
+
+    def delete(self, info: CheckpointInfo) -> None:
+        """Remove a checkpoint so that no reader ever sees it half-deleted.
+
+        Locally the folder is first renamed out of view; on an object store the manifest goes
+        first, so a concurrent reader sees an uncommitted checkpoint, never a committed one with
+        missing files.
+        """
+        if info.location.is_local:
+            doomed = f"{os.path.dirname(info.location.path)}/{TMP_PREFIX}deleting-{info.name}-{uuid.uuid4().hex[:6]}"
+            try:
+                os.rename(info.location.path, doomed)
+            except FileNotFoundError:
+                return
+            self._remove_local(doomed)
+        else:
+            manifest = info.location.join(MANIFEST_NAME)
+            if storage.exists(manifest):
+                info.location.fs.delete_file(manifest.path)
+            info.location.fs.delete_dir(info.location.path)
+
+    def retain(self, keep_last: int | None) -> list[CheckpointInfo]:
+        """Delete committed checkpoints beyond the newest `keep_last`, and stale partial ones.
+
+        The newest committed checkpoint is never deleted. Partial folders older than it are
+        leftovers of interrupted writes; newer ones may be a write still in flight and are kept.
+        """
+        infos = self.scan()
+        committed = [i for i in infos if i.status == "committed"]
+        if not committed:
+            return []
+        newest = committed[-1]
+        doomed = []
+        if keep_last is not None:
+            doomed += committed[: max(0, len(committed) - max(keep_last, 1))]
+        doomed += [i for i in infos if i.status != "committed" and i.step < newest.step and not i.name.startswith(f"{TMP_PREFIX}deleting")]
+        for info in doomed:
+            try:
+                self.delete(info)
+            except OSError as exc:  # a failed deletion must not stop training; the next pass retries
+                log.warning("could not delete checkpoint %s: %s", info.uri, exc)
+        return doomed
+
+    @staticmethod
+    def _remove_local(path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def __iter__(self) -> Iterator[CheckpointInfo]:
+        return iter(self.scan())
+
+
+def _tmp_step(name: str) -> int:
+    match = re.search(r"step-(\d+)", name)
+    return int(match.group(1)) if match else -1
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

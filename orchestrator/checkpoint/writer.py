@@ -1,0 +1,69 @@
+"""Background checkpoint writes: the training loop waits only for an in-memory snapshot.
+
+Serialisation, checksums, upload and commit run on one background thread, with at most one
+write in flight: a new save first waits for the previous one. A failure in the background is
+kept and raised in the training loop at the next save or at `close()`, so it reaches the driver.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from orchestrator.checkpoint.manifest import Manifest
+from orchestrator.checkpoint.store import CheckpointInfo, CheckpointStore
+
+
+class AsyncCheckpointWriter:
+    def __init__(self, store: CheckpointStore, *, asynchronous: bool = True,
+                 on_commit: Callable[[CheckpointInfo], None] | None = None):
+        self.store = store
+        self.asynchronous = asynchronous
+        self.on_commit = on_commit
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        # Seconds the caller was blocked inside save() (snapshot + waiting for the previous write).
+        self.blocked_seconds = 0.0
+        self.last_committed: CheckpointInfo | None = None
+
+    def save(self, manifest: Manifest, build_files: Callable[[], dict[str, bytes]]) -> None:
+        """Commit a checkpoint. `build_files` serialises an already-taken snapshot to bytes.
+
+        The caller must pass a snapshot that later training steps cannot change (tensors cloned).
+        """
+        start = time.perf_counter()
+        self.wait()
+        if not self.asynchronous:
+            self._write(manifest, build_files)
+            self.blocked_seconds += time.perf_counter() - start
+            self._raise_if_failed()
+            return
+        self._thread = threading.Thread(target=self._write, args=(manifest, build_files),
+                                        name="checkpoint-writer", daemon=True)
+        self._thread.start()
+        self.blocked_seconds += time.perf_counter() - start
+
+    def _write(self, manifest: Manifest, build_files: Callable[[], dict[str, bytes]]) -> None:
+        try:
+            info = self.store.commit(manifest, build_files())
+            self.last_committed = info
+            if self.on_commit is not None:
+                self.on_commit(info)
+        except BaseException as exc:  # kept and re-raised on the training thread
+            self._error = exc
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is committed; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
+
+    def close(self) -> None:
+        self.wait()

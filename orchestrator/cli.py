@@ -1,0 +1,76 @@
+"""`orchestrator run SPEC [...]`. Exit codes: 0 success, 1 training failed, 2 user error.
+
+User errors print one paragraph and no traceback; so do training failures (the worker logs
+hold the full traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from orchestrator.errors import OrchestratorError, TrainingFailed, UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own mistakes are user errors too: exit 2, no traceback
+        self.print_usage(sys.stderr)
+        raise UserError(f"{message}. Fix: see `orchestrator {self.prog.split()[-1]} --help`.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="orchestrator", description="Elastic training on Ray from one job spec.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="train a job spec")
+    run.add_argument("spec", help="path to a YAML job spec")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a spec field, e.g. --set scaling.num_workers=4 (repeatable)")
+    run.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
+    run.add_argument("--storage", help="where run directories live (overrides the spec's storage)")
+    run.add_argument("--resume-from", dest="resume_from", help="latest | none | <checkpoint URI>")
+    run.add_argument("--overwrite", action="store_true",
+                     help="with --resume-from none: delete the run's existing checkpoints first")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return _run(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except TrainingFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OrchestratorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted; the newest committed checkpoint is kept and the next run resumes from it", file=sys.stderr)
+        return 130
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from orchestrator.spec import parse_set_option, resolve_spec
+
+    overrides = dict(parse_set_option(option) for option in args.overrides)
+    if args.storage:
+        overrides["storage"] = args.storage
+    if args.resume_from:
+        overrides["resume_from"] = args.resume_from
+    spec = resolve_spec(args.spec, overrides)  # validate before paying for Ray start-up
+
+    from orchestrator.launch import run
+
+    run(spec, address=args.address, overwrite=args.overwrite)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

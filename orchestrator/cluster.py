@@ -1,0 +1,148 @@
+"""Connecting the driver to Ray: an existing cluster, or an embedded one that cleans up after itself.
+
+Embedded clusters are recorded in a small state file per driver. A driver killed with SIGKILL
+cannot shut Ray down, and Ray's dashboard and runtime-env agents then outlive it; the next
+embedded start finds records whose driver is gone and ends the processes of that session, found
+by their own process ids (their command line names the dead session's directory).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+log = logging.getLogger(__name__)
+
+STATE_DIR_ENV_VAR = "ORCHESTRATOR_STATE_DIR"
+DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
+
+# Set before Ray starts so every Ray process inherits them.
+QUIET_RAY_ENV = {
+    # Ray Train re-prints every worker print() through its own logger: each line showed twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Ray Data progress bars would fill the terminal with carriage returns.
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    # Do not ask for usage stats on an embedded, throwaway cluster.
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclass
+class Connection:
+    embedded: bool
+    address: str
+    session_dir: str
+
+
+def _state_dir() -> Path:
+    path = Path(os.path.expanduser(os.environ.get(STATE_DIR_ENV_VAR, DEFAULT_STATE_DIR)))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def connect(address: str | None, *, worker_env: dict[str, str]) -> Connection:
+    """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`."""
+    for key, value in QUIET_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if ray.is_initialized():
+        return Connection(False, "existing", _session_dir())
+    init_kwargs = dict(
+        log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": worker_env},
+    )
+    if address:
+        ray.init(address=address, **init_kwargs)
+        return Connection(False, address, _session_dir())
+    reap_orphans()
+    ray.init(include_dashboard=False, **init_kwargs)
+    connection = Connection(True, "embedded", _session_dir())
+    _record(connection)
+    return connection
+
+
+def disconnect(connection: Connection) -> None:
+    ray.shutdown()
+    if connection.embedded:
+        _record_path(os.getpid()).unlink(missing_ok=True)
+
+
+def _session_dir() -> str:
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+    except AttributeError:  # connected as a client, no local node
+        return ""
+
+
+def _record_path(pid: int) -> Path:
+    return _state_dir() / f"driver-{pid}.json"
+
+
+def _record(connection: Connection) -> None:
+    _record_path(os.getpid()).write_text(json.dumps({"pid": os.getpid(), "session_dir": connection.session_dir}))
+
+
+def reap_orphans() -> list[int]:
+    """End Ray processes left behind by embedded clusters whose driver died. Returns the pids ended."""
+    ended = []
+    for record in _state_dir().glob("driver-*.json"):
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            record.unlink(missing_ok=True)
+            continue
+        if _alive(data.get("pid", -1)):
+            continue
+        session_dir = data.get("session_dir") or ""
+        if session_dir:
+            for pid in _pids_mentioning(session_dir):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
+                except ProcessLookupError:
+                    pass
+        record.unlink(missing_ok=True)
+    if ended:
+        log.warning("ended %d Ray process(es) left behind by a driver that was killed", len(ended))
+    return ended
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; it only waits for its parent to reap it.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _pids_mentioning(session_dir: str) -> list[int]:
+    """Processes whose command line contains this session's directory (never a broad name match)."""
+    session_name = os.path.basename(session_dir.rstrip("/"))
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if session_name and session_name in cmdline:
+            pids.append(int(entry))
+    return pids

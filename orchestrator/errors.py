@@ -1,0 +1,38 @@
+"""One root for every error the orchestrator raises on purpose.
+
+A `UserError` is something the person running the job can fix (a bad spec, a missing file, a
+wrong flag): the CLI prints its message alone and exits 2. Anything else that stops a run is a
+`TrainingFailed` (exit 1). Messages follow one shape: what value, why it is wrong, how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of all orchestrator errors; survives pickling across Ray actors."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (self.__class__, (self.message,))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(OrchestratorError):
+    """A mistake in the spec, the arguments or the environment that the user can fix."""
+
+
+class SpecError(UserError):
+    """The job spec is invalid. The message names the field path, the bad value and the fix."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint asked for by the user is missing, partial, corrupt or unsafe to load."""
+
+
+class TrainingFailed(OrchestratorError):
+    """Training started but did not finish (a worker raised, or failures exceeded the budget)."""

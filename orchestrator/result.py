@@ -1,0 +1,109 @@
+"""The typed outcome of a run, and summary.json, its form on disk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator import storage
+from orchestrator.storage import Location
+
+SUMMARY_NAME = "summary.json"
+
+
+@dataclass
+class RunResult:
+    name: str
+    # finished | failed | already_finished
+    status: str
+    run_dir: str
+    world_size: int
+    global_step: int
+    # Epochs completed (an epoch interrupted part-way counts as not completed).
+    epochs: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    final_checkpoint: str | None = None
+    weights_sha256: str | None = None
+    wall_seconds: float = 0.0
+    resumed_from: dict[str, Any] = field(default_factory=dict)
+    # One entry per worker of the last worker group: rank, node_id, hostname, pid.
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    world_sizes_seen: list[int] = field(default_factory=list)
+    # Worker-group starts after the first one (failures Ray Train recovered from).
+    restarts: int = 0
+    checkpoints_committed: int = 0
+    checkpoint_stall_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def summary_path(self) -> str:
+        return self.run_dir.rstrip("/") + "/" + SUMMARY_NAME
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.final_checkpoint
+
+    @classmethod
+    def from_events(cls, job, run_dir: Location, events: list[dict[str, Any]], choice, *, wall_seconds: float,
+                    error: BaseException | None) -> "RunResult":
+        starts = [e for e in events if e["kind"] == "worker_started"]
+        groups: list[list[dict[str, Any]]] = []
+        for event in starts:
+            if event["rank"] == 0 or not groups:
+                groups.append([])
+            groups[-1].append(event)
+        finished = next((e for e in reversed(events) if e["kind"] == "finished"), None)
+        progress = next((e for e in reversed(events) if e["kind"] == "progress"), None)
+        checkpoints = [e for e in events if e["kind"] == "checkpoint"]
+        source = finished or progress or {}
+        last_group = sorted(groups[-1], key=lambda e: e["rank"]) if groups else []
+        return cls(
+            name=job.name,
+            status="failed" if error is not None or finished is None else "finished",
+            run_dir=run_dir.uri,
+            world_size=last_group[0]["world_size"] if last_group else job.scaling.num_workers,
+            global_step=int(source.get("step", 0)),
+            epochs=int(source.get("epoch", 0)),
+            metrics=dict(source.get("metrics", {})),
+            final_checkpoint=(finished or {}).get("final_checkpoint") or (checkpoints[-1]["uri"] if checkpoints else None),
+            weights_sha256=(finished or {}).get("weights_sha256"),
+            wall_seconds=round(wall_seconds, 3),
+            resumed_from=choice.to_dict(),
+            workers=[{k: e[k] for k in ("rank", "node_id", "hostname", "pid")} for e in last_group],
+            world_sizes_seen=list(dict.fromkeys(g[0]["world_size"] for g in groups)),
+            restarts=max(0, len(groups) - 1),
+            checkpoints_committed=len(checkpoints),
+            checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
+            error=None if error is None else f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def load(cls, run_dir: Location) -> "RunResult | None":
+        loc = run_dir.join(SUMMARY_NAME)
+        if not storage.exists(loc):
+            return None
+        try:
+            raw = json.loads(storage.read_bytes(loc))
+            known = {f for f in cls.__dataclass_fields__}
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except (ValueError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items()))
+        return (
+            f"run '{self.name}' {self.status}: {self.world_size} workers, step {self.global_step}, "
+            f"{self.epochs} epoch(s), {self.wall_seconds:.1f} s\n"
+            f"  metrics: {metrics or '-'}\n"
+            f"  final checkpoint: {self.final_checkpoint}\n"
+            f"  weights_sha256: {self.weights_sha256}\n"
+            f"  summary: {self.summary_path}"
+        )
+
+
+def write_summary(run_dir: Location, result: RunResult) -> None:
+    storage.write_atomic(run_dir.join(SUMMARY_NAME), json.dumps(result.to_dict(), indent=2, sort_keys=True).encode())

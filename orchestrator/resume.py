@@ -1,0 +1,85 @@
+"""Which checkpoint a run starts from, and why: the driver's half of `resume_from`.
+
+latest: the newest committed checkpoint that verifies (partial or corrupt ones are skipped with
+a warning naming them); none: a fresh run, refused if the run directory already holds
+checkpoints unless the user asks to overwrite; <uri>: exactly that checkpoint or a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from orchestrator.checkpoint import CheckpointStore, Manifest
+from orchestrator.errors import CheckpointError, UserError
+from orchestrator.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ResumeChoice:
+    uri: str | None
+    step: int | None
+    reason: str
+    manifest: Manifest | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"uri": self.uri, "step": self.step, "reason": self.reason, "skipped": self.warnings}
+
+
+def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) -> ResumeChoice:
+    mode = spec.resume_from
+    if mode == "none":
+        existing = store.scan()
+        if existing and not overwrite:
+            raise UserError(
+                f"resume_from: none asks for a fresh run, but run '{spec.name}' already has "
+                f"{len(existing)} checkpoint(s) in {store.root.uri}; mixing two runs' checkpoints would make "
+                "'latest' meaningless. Fix: choose a new name (--set name=...), resume with "
+                "--resume-from latest, or pass --overwrite to delete the old checkpoints."
+            )
+        for info in existing:
+            store.delete(info)
+        return ResumeChoice(None, None, "fresh run (resume_from: none)")
+    if mode == "latest":
+        selection = store.latest_loadable()
+        if selection.info is None:
+            why = "no committed checkpoint" + (f" ({len(selection.skipped)} skipped)" if selection.skipped else "")
+            return ResumeChoice(None, None, f"fresh run: {why} in {store.root.uri}", warnings=selection.skipped)
+        info = selection.info
+        reason = f"newest committed checkpoint (step {info.step})"
+        if selection.skipped:
+            reason += f", after skipping {len(selection.skipped)} partial or corrupt"
+        return ResumeChoice(info.uri, info.step, reason, info.manifest, selection.skipped)
+    info, _ = store.open_uri(mode)
+    if info.manifest is None:
+        raise CheckpointError(f"resume_from '{mode}': the checkpoint has no manifest. Fix: use resume_from: latest.")
+    return ResumeChoice(info.uri, info.step, "resume_from names this checkpoint", info.manifest)
+
+
+def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
+    manifest = choice.manifest
+    if manifest is None:
+        return
+    if manifest.kind != spec.kind:
+        raise CheckpointError(
+            f"checkpoint {choice.uri} was written by a '{manifest.kind}' job but this spec is a '{spec.kind}' "
+            "job, so its state cannot be loaded. Fix: use another run name, or resume_from: none with --overwrite."
+        )
+    if manifest.world_size != spec.scaling.num_workers:
+        log.warning("checkpoint %s was written by %d workers and this run has %d: the model and optimizer "
+                    "resume exactly, the per-rank data position and RNG streams restart",
+                    choice.uri, manifest.world_size, spec.scaling.num_workers)
+
+
+def is_finished(spec: JobSpec, manifest: Manifest | None) -> bool:
+    """Whether the checkpoint already reached the spec's limits (so there is nothing left to train)."""
+    if manifest is None:
+        return False
+    limits = spec.lightning.trainer if spec.lightning else {"max_epochs": spec.torch.max_epochs, "max_steps": spec.torch.max_steps}
+    max_epochs, max_steps = limits.get("max_epochs"), limits.get("max_steps")
+    if max_steps is not None and max_steps >= 0 and manifest.step >= max_steps:
+        return True
+    return max_epochs is not None and manifest.epoch >= max_epochs and manifest.batch_in_epoch == 0

@@ -1,0 +1,203 @@
+"""The Lightning path: an unmodified LightningModule and LightningDataModule, trained with DDP
+through Ray's Lightning strategy, environment and trainer preparation.
+
+What we add to a plain `Trainer.fit`:
+- the training DataLoader is rebuilt as a torchdata `StatefulDataLoader` over a seeded
+  DistributedSampler, so Lightning saves and restores the position inside the epoch (by
+  itself Lightning replays the epoch's permutation from the start after a mid-epoch resume);
+- checkpoints go through our store (atomic, checksummed, asynchronous), at the steps the spec
+  asks for, with every rank's RNG state, and are loaded with weights_only=True;
+- the final model fingerprint and metrics go to the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
+from orchestrator.runtime.session import Progress, Restored, WorkerSession
+from orchestrator.runtime.torch_loop import _snapshot
+
+log = logging.getLogger("orchestrator.worker")
+
+CKPT_FILE = "lightning.ckpt"
+# Extra key in Lightning's checkpoint dict: our per-rank state (RNG), in rank order.
+RANKS_KEY = "orchestrator_ranks"
+
+
+class OrchestratorCallback(Callback):
+    """Saves through the store at the spec's cadence and reports progress to the driver."""
+
+    def __init__(self, session: WorkerSession, pending_rng: dict[str, Any] | None):
+        self.session = session
+        self.progress = Progress()
+        self._pending_rng = pending_rng
+        self._last_step = -1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._pending_rng is not None:  # the first batch after a resume: continue each rank's RNG stream
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.session.count_samples(_batch_len(batch))
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            self.progress.metrics["loss"] = float(loss.detach())
+        self._update(trainer, batch_in_epoch=batch_idx + 1)
+        self.session.progress(self.progress)
+        step = trainer.global_step
+        # Only at a completed optimizer step (not mid gradient accumulation), once per step.
+        if step != self._last_step:
+            self._last_step = step
+            if self.session.save_due(step):
+                self._save(trainer, "steps")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
+        self._update(trainer, batch_in_epoch=0, epoch=trainer.current_epoch + 1)
+        self.session.progress(self.progress, force=True)
+        if self.session.spec.checkpoint.at_epoch_end:
+            self._save(trainer, "epoch_end")
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.global_step != self.session.last_save_step:
+            self._update(trainer, batch_in_epoch=self.progress.batch_in_epoch)
+            self._save(trainer, "end")
+
+    def _update(self, trainer, *, batch_in_epoch: int, epoch: int | None = None) -> None:
+        self.progress.step = trainer.global_step
+        self.progress.epoch = trainer.current_epoch if epoch is None else epoch
+        self.progress.batch_in_epoch = batch_in_epoch
+
+    def _save(self, trainer: pl.Trainer, reason: str) -> None:
+        ranks = self.session.gather({"rng": capture_rng()})
+        # Lightning's own checkpoint dict (model, optimizers, schedulers, loops and the stateful
+        # loader's position); taken on every rank, as Trainer.save_checkpoint does.
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        if self.session.rank != 0:
+            self.session.commit(self.progress, reason, dict)
+            return
+        checkpoint[RANKS_KEY] = ranks
+        snapshot = _snapshot(checkpoint)
+        self.session.commit(self.progress, reason, lambda: {CKPT_FILE: dumps_state(snapshot)})
+
+
+def train_lightning(session: WorkerSession) -> None:
+    spec = session.spec.lightning
+    seed_everything(session.spec.seed)
+    restored = session.choose_checkpoint()
+    session.announce(restored)
+    model: pl.LightningModule = spec.model.build()
+    datamodule: pl.LightningDataModule = spec.data.build()
+    ckpt_path, pending_rng, start_epoch = _prepare_resume(session, restored)
+    _use_stateful_train_loader(datamodule, seed=session.spec.seed, epoch=start_epoch)
+
+    callback = OrchestratorCallback(session, pending_rng)
+    trainer_args = {"logger": False, **spec.trainer}
+    trainer = pl.Trainer(
+        **trainer_args,
+        devices="auto",
+        accelerator="gpu" if session.spec.scaling.use_gpu else "cpu",
+        strategy=RayDDPStrategy(),
+        plugins=[RayLightningEnvironment()],
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tempfile.mkdtemp(prefix="orchestrator-lightning-"),
+    )
+    trainer = prepare_trainer(trainer)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    callback.progress.step = trainer.global_step
+    test_metrics: dict[str, float] = {}
+    if _has_test(model, datamodule):
+        results = trainer.test(model, datamodule=datamodule, verbose=False)
+        for result in results:
+            test_metrics.update(_metric_floats(result))
+    fingerprint = weights_sha256(model.state_dict()) if session.rank == 0 else ""
+    session.finish(callback.progress, fingerprint, test_metrics)
+
+
+def _prepare_resume(session: WorkerSession, restored: Restored | None) -> tuple[str | None, dict | None, int]:
+    """Write the chosen checkpoint where Lightning can load it; pick out this rank's RNG state."""
+    if restored is None:
+        return None, None, 0
+    data = restored.files[CKPT_FILE]
+    # Our own weights_only load first: it refuses unsafe content with a clear message.
+    state = loads_state(data, source=f"{restored.info.uri}/{CKPT_FILE}")
+    ranks = state.get(RANKS_KEY) or []
+    pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
+    path = os.path.join(tempfile.mkdtemp(prefix="orchestrator-resume-"), CKPT_FILE)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path, pending, restored.manifest.epoch
+
+
+def _use_stateful_train_loader(datamodule: pl.LightningDataModule, *, seed: int, epoch: int) -> None:
+    """Make the datamodule's train_dataloader() resumable mid-epoch, without changing the user's class.
+
+    The rebuilt loader keeps the dataset, batch size, collate function and worker settings, and
+    shards with a DistributedSampler seeded by the spec's seed, so Lightning leaves it in place.
+    """
+    original_cls = type(datamodule)
+
+    def train_dataloader(self):
+        loader = original_cls.train_dataloader(self)
+        if not isinstance(loader, DataLoader) or isinstance(loader, StatefulDataLoader):
+            return loader
+        if loader.batch_sampler is not None and loader.batch_size is None:
+            return loader  # a custom batch sampler: keep the user's loader as it is
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        sampler = DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
+                                     shuffle=isinstance(loader.sampler, RandomSampler), seed=seed,
+                                     drop_last=loader.drop_last)
+        sampler.set_epoch(epoch)
+        return StatefulDataLoader(
+            loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+            persistent_workers=loader.persistent_workers if loader.num_workers else False,
+        )
+
+    datamodule.__class__ = type(original_cls.__name__, (original_cls,), {"train_dataloader": train_dataloader})
+
+
+def _has_test(model: pl.LightningModule, datamodule: pl.LightningDataModule) -> bool:
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    return is_overridden("test_step", model) and is_overridden("test_dataloader", datamodule)
+
+
+def _metric_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[key] = float(value.detach())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    return 0

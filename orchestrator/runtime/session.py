@@ -1,0 +1,238 @@
+"""What both harnesses share inside a worker: identity, the chosen checkpoint, saving, reporting.
+
+One `WorkerSession` per worker process. Rank 0 owns the checkpoint writer; every rank takes part
+in the collective steps (gathering per-rank state, agreeing that a time-based save is due).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+import ray.train
+import torch
+import torch.distributed as dist
+
+from orchestrator import storage
+from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
+from orchestrator.checkpoint.store import CorruptCheckpoint
+from orchestrator.spec import JobSpec
+
+log = logging.getLogger("orchestrator.worker")
+
+# Seconds between progress events rank 0 sends to the driver.
+PROGRESS_INTERVAL_S = 2.0
+
+
+@dataclass
+class Progress:
+    """Where training stands: the part of TrainState that is not tensors."""
+
+    epoch: int = 0
+    # Optimizer steps taken since the run began.
+    step: int = 0
+    # Batches of `epoch` already trained on (0 at an epoch boundary).
+    batch_in_epoch: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "metrics": dict(self.metrics)}
+
+
+@dataclass
+class Restored:
+    """The checkpoint a worker resumes from: its store info and its verified file contents."""
+
+    info: CheckpointInfo
+    files: dict[str, bytes]
+
+    @property
+    def manifest(self) -> Manifest:
+        assert self.info.manifest is not None
+        return self.info.manifest
+
+
+class WorkerSession:
+    def __init__(self, config: dict[str, Any]):
+        self.spec: JobSpec = config["spec"]
+        self.run_uri: str = config["run_uri"]
+        self.resume_uri: str | None = config.get("resume_uri")
+        self.monitor = config["monitor"]
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.local_rank = context.get_local_rank()
+        self.store = CheckpointStore.for_run(self.run_uri)
+        self.writer = AsyncCheckpointWriter(
+            self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
+        ) if self.rank == 0 else None
+        self.last_save_step = -1
+        self.last_save_time = time.monotonic()
+        self._last_progress = 0.0
+        self._samples_since = 0
+        self._since = time.monotonic()
+        _quiet_worker(self.spec, self.rank, config.get("log_dir"))
+
+    # --- restore ------------------------------------------------------------------------------
+
+    def choose_checkpoint(self) -> Restored | None:
+        """The newest checkpoint committed during this run (after a restart), else the driver's pick."""
+        latest = ray.get(self.monitor.latest_checkpoint.remote())
+        uri = latest["uri"] if latest else self.resume_uri
+        if uri is None:
+            return None
+        try:
+            info, files = self.store.open_uri(uri)
+            return Restored(info, files)
+        except Exception as exc:  # noqa: BLE001 - fall back to the newest checkpoint that verifies
+            log.warning("checkpoint %s could not be loaded (%s); falling back to the newest that verifies", uri, exc)
+        selection = self.store.latest_loadable()
+        return Restored(selection.info, selection.files) if selection.info else None
+
+    def announce(self, restored: Restored | None) -> None:
+        self.monitor.push.remote(
+            "worker_started", rank=self.rank, world_size=self.world_size,
+            node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
+            pid=os.getpid(), restored_from=restored.info.uri if restored else None,
+            restored_step=restored.info.step if restored else None,
+        )
+
+    # --- progress -----------------------------------------------------------------------------
+
+    def count_samples(self, n: int) -> None:
+        self._samples_since += n
+
+    def progress(self, progress: Progress, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_INTERVAL_S):
+            return
+        elapsed = max(now - self._since, 1e-9)
+        samples_per_s = self._samples_since * self.world_size / elapsed
+        self._samples_since, self._since, self._last_progress = 0, now, now
+        self.monitor.push.remote("progress", samples_per_s=samples_per_s, **progress.to_dict())
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def save_due(self, step: int) -> bool:
+        """Whether to checkpoint after `step`. Every rank must call it at every step (collective when time-based)."""
+        spec = self.spec.checkpoint
+        due = bool(spec.every_n_steps and step % spec.every_n_steps == 0)
+        if spec.every_n_seconds is not None:
+            # Clocks differ between ranks, so rank 0 decides and everyone follows.
+            flag = torch.tensor([1 if time.monotonic() - self.last_save_time >= spec.every_n_seconds else 0])
+            if dist.is_available() and dist.is_initialized():
+                dist.broadcast(flag, src=0)
+            due = due or bool(flag.item())
+        return due and step != self.last_save_step
+
+    def gather(self, local: Any) -> list[Any]:
+        """Collect one object from every rank (e.g. RNG states), in rank order."""
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return [local]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, local)
+        return out
+
+    def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]]) -> None:
+        """Rank 0: hand a snapshot to the writer (asynchronous unless checkpoint.async is false)."""
+        self.last_save_step = progress.step
+        self.last_save_time = time.monotonic()
+        if self.writer is None:
+            return
+        manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
+                            world_size=self.world_size, kind=self.spec.kind, files={},
+                            metrics=_floats(progress.metrics), reason=reason)
+        self.writer.save(manifest, build_files)
+
+    def _on_commit(self, info: CheckpointInfo) -> None:
+        self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
+                                 reason=info.manifest.reason if info.manifest else "")
+        self.store.retain(self.spec.checkpoint.keep_last)
+
+    def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
+        """Rank 0: wait for the last write, then tell the driver how the run ended."""
+        stall = 0.0
+        if self.writer is not None:
+            self.writer.close()
+            stall = self.writer.blocked_seconds
+            last = self.writer.last_committed
+            self.monitor.push.remote(
+                "finished", weights_sha256=fingerprint, final_checkpoint=last.uri if last else None,
+                checkpoint_stall_s=stall, metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
+                **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
+            )
+        _flush_logs()
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
+# --- worker logs -------------------------------------------------------------------------------
+
+class _Tee:
+    """Writes to the worker's original stream (Ray's log file) and to the run's log file."""
+
+    def __init__(self, stream, file):
+        self._stream, self._file = stream, file
+
+    def write(self, text):
+        self._file.write(text)
+        return self._stream.write(text)
+
+    def flush(self):
+        self._file.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+_LOG_FILE = None
+
+
+def _quiet_worker(spec: JobSpec, rank: int, log_dir: str | None) -> None:
+    """Keep per-rank chatter out of sight: Lightning's info lines and known harmless warnings."""
+    global _LOG_FILE
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (".*LeafSpec.*", ".*does not have many workers.*", ".*barebones.*", ".*is not resumable.*",
+                    ".*TypedStorage is deprecated.*", ".*torch.utils._pytree.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+    if log_dir and _LOG_FILE is None:
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            _LOG_FILE = open(os.path.join(log_dir, f"rank-{rank}.log"), "a", buffering=1)
+            sys.stdout = _Tee(sys.stdout, _LOG_FILE)
+            sys.stderr = _Tee(sys.stderr, _LOG_FILE)
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger("orchestrator").addHandler(handler)
+            logging.getLogger("orchestrator").setLevel(logging.INFO)
+        except OSError:
+            pass  # logs still reach Ray's own worker log files
+
+
+def _flush_logs() -> None:
+    if _LOG_FILE is not None:
+        _LOG_FILE.flush()
+
+
+def local_log_dir(run_uri: str) -> str | None:
+    """Worker logs go to <run_dir>/logs when the run directory is on a local or shared filesystem."""
+    loc = storage.resolve(run_uri)
+    return os.path.join(loc.path, "logs") if loc.is_local else None

@@ -1,0 +1,266 @@
+"""The plain-PyTorch path: `train_loop(ctx)` with a context that makes a DDP loop resumable.
+
+A tutorial DDP loop becomes a job by changing a few lines:
+
+    model = ctx.prepare_model(Net())                        # was: DDP(model.to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.config["lr"])
+    loader = ctx.data_loader(dataset, batch_size=64)        # was: DataLoader(..., sampler=DistributedSampler(...))
+    ctx.track(model=model, optimizer=optimizer)             # restores them when resuming
+    for epoch in ctx.epochs():                              # was: for epoch in range(E): sampler.set_epoch(epoch)
+        for x, y in loader:
+            ...; optimizer.step()
+            ctx.step(loss=loss.item())                      # counts the step, reports, checkpoints
+
+Everything that makes resume exact (tracked state dicts, epoch, step, position in the epoch,
+every rank's RNG) is saved together in one checkpoint and restored before the first batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Iterator
+
+import ray.train
+import ray.train.torch
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
+from orchestrator.runtime.sampling import ResumableDistributedSampler
+from orchestrator.runtime.session import Progress, Restored, WorkerSession
+from orchestrator.spec import import_object
+
+log = logging.getLogger("orchestrator.worker")
+
+STATE_FILE = "state.pt"
+
+
+class TrainContext:
+    """What a plain PyTorch DDP loop needs from the orchestrator, and nothing more."""
+
+    def __init__(self, session: WorkerSession, restored: Restored | None):
+        self._session = session
+        spec = session.spec
+        self.config: dict[str, Any] = dict(spec.torch.config)
+        self.max_epochs: int | None = spec.torch.max_epochs
+        self.max_steps: int | None = spec.torch.max_steps
+        self.seed: int = spec.seed
+        self.rank: int = session.rank
+        self.world_size: int = session.world_size
+        self.local_rank: int = session.local_rank
+        self.device: torch.device = ray.train.torch.get_device()
+        self.progress = Progress()
+        self._tracked: dict[str, Any] = {}
+        self._loaders: list[ResumableLoader] = []
+        self._restored_state: dict[str, Any] | None = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._last_batch_size = 0
+        if restored is not None:
+            state = loads_state(restored.files[STATE_FILE], source=f"{restored.info.uri}/{STATE_FILE}")
+            self._restored_state = state
+            p = state["progress"]
+            self.progress = Progress(epoch=p["epoch"], step=p["step"], batch_in_epoch=p["batch_in_epoch"],
+                                     metrics=dict(p.get("metrics", {})))
+            ranks = state.get("ranks") or []
+            if len(ranks) == self.world_size:
+                self._pending_rng = ranks[self.rank]["rng"]
+
+    # --- building blocks --------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self.progress.epoch
+
+    @property
+    def global_step(self) -> int:
+        return self.progress.step
+
+    def prepare_model(self, model: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
+        """Move the model to this worker's device and wrap it in DistributedDataParallel."""
+        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=ddp_kwargs or None)
+
+    def data_loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+                    **loader_kwargs: Any) -> "ResumableLoader":
+        """A DataLoader over this rank's shard: seeded per epoch, resumable mid-epoch, moved to the device."""
+        sampler = ResumableDistributedSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=self.seed,
+            drop_last=drop_last, batch_size=batch_size,
+        )
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)
+        resumable = ResumableLoader(self, loader, sampler)
+        self._loaders.append(resumable)
+        return resumable
+
+    def track(self, **objects: Any) -> None:
+        """Register objects with state_dict()/load_state_dict() (model, optimizer, scheduler, scaler).
+
+        Their state is saved in every checkpoint and, when resuming, loaded into them right here.
+        """
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
+            self._tracked[name] = obj
+            if self._restored_state is not None:
+                saved = self._restored_state["objects"].get(name)
+                if saved is None:
+                    raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
+                                   f"'{name}' (it has {sorted(self._restored_state['objects'])})")
+                target = obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+                target.load_state_dict(saved)
+
+    def epochs(self) -> Iterator[int]:
+        """Epoch numbers from where the run stands; stops at max_epochs or when max_steps is reached."""
+        while not self._done():
+            epoch = self.progress.epoch
+            if not self._loaders:  # no ctx.data_loader: restore the RNG before the epoch instead
+                self._restore_pending_rng()
+            yield epoch
+            if self._steps_exhausted():
+                break
+            self.progress.epoch = epoch + 1
+            self.progress.batch_in_epoch = 0
+            self._session.progress(self.progress, force=True)
+            if self._session.spec.checkpoint.at_epoch_end:
+                self.save(reason="epoch_end")
+
+    def step(self, **metrics: Any) -> None:
+        """Call once after each optimizer step. Counts it, reports metrics, and checkpoints when due."""
+        self.progress.step += 1
+        self.progress.metrics.update(_scalars(metrics))
+        self._session.count_samples(self._last_batch_size)
+        self._session.progress(self.progress)
+        if self._session.save_due(self.progress.step):
+            self.save(reason="steps")
+
+    def report(self, **metrics: Any) -> None:
+        """Record metrics that are not per step (validation accuracy...); they go into summary.json."""
+        self.progress.metrics.update(_scalars(metrics))
+        self._session.progress(self.progress, force=True)
+
+    def save(self, reason: str = "manual") -> None:
+        """Checkpoint now (every rank must call it). Rank 0 only blocks for an in-memory copy."""
+        ranks = self._session.gather({"rng": capture_rng()})
+        if self.rank != 0:
+            self._session.commit(self.progress, reason, dict)
+            return
+        snapshot = {
+            "objects": {name: _snapshot(_unwrap(obj).state_dict()) for name, obj in self._tracked.items()},
+            "progress": self.progress.to_dict(),
+            "ranks": ranks,
+        }
+        self._session.commit(self.progress, reason, lambda: {STATE_FILE: dumps_state(snapshot)})
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _restore_pending_rng(self) -> None:
+        if self._pending_rng is not None:
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+
+    def _done(self) -> bool:
+        epochs_done = self.max_epochs is not None and self.progress.epoch >= self.max_epochs
+        return epochs_done or self._steps_exhausted()
+
+    def _steps_exhausted(self) -> bool:
+        return self.max_steps is not None and self.progress.step >= self.max_steps
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        model = self._tracked.get("model")
+        if model is None:
+            models = [o for o in self._tracked.values() if isinstance(o, torch.nn.Module)]
+            model = models[0] if models else None
+        return _unwrap(model).state_dict() if model is not None else {}
+
+
+class ResumableLoader:
+    """Iterates this rank's batches of the current epoch, starting where a resumed run left off."""
+
+    def __init__(self, ctx: TrainContext, loader: DataLoader, sampler: ResumableDistributedSampler):
+        self._ctx, self.loader, self.sampler = ctx, loader, sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        ctx = self._ctx
+        start = ctx.progress.batch_in_epoch
+        self.sampler.set_epoch(ctx.progress.epoch)
+        self.sampler.start_batch = start
+        # Building a DataLoader iterator draws from the global RNG. The uninterrupted run built
+        # it at the epoch's start: so restore before building at an epoch boundary, after it
+        # mid-epoch (the saved state already includes that draw).
+        if start == 0:
+            ctx._restore_pending_rng()
+        iterator = iter(self.loader)
+        ctx._restore_pending_rng()
+        for batch in iterator:
+            if ctx._steps_exhausted():
+                return
+            ctx.progress.batch_in_epoch += 1
+            ctx._last_batch_size = _batch_len(batch)
+            yield _to_device(batch, ctx.device)
+
+
+def train_torch(session: WorkerSession) -> None:
+    spec = session.spec
+    seed_everything(spec.seed)
+    restored = session.choose_checkpoint()
+    session.announce(restored)
+    ctx = TrainContext(session, restored)
+    if ctx._done():
+        log.info("nothing to train: the run already reached its limits")
+    else:
+        train_loop = import_object(spec.torch.train_loop, "torch.train_loop")
+        train_loop(ctx)
+    # The end-of-run checkpoint, unless the last save was at this very step.
+    if ctx.progress.step != session.last_save_step:
+        ctx.save(reason="end")
+    fingerprint = weights_sha256(ctx._model_state()) if session.rank == 0 else ""
+    session.finish(ctx.progress, fingerprint, {})
+
+
+def _unwrap(obj: Any) -> Any:
+    return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+
+
+def _snapshot(state: Any) -> Any:
+    """A copy training cannot change: tensors cloned to CPU, containers copied."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _snapshot(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_snapshot(v) for v in state)
+    return copy.deepcopy(state)
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().item()
+        out[key] = float(value)
+    return out
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    return 0
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch

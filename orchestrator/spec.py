@@ -1,0 +1,549 @@
+"""The job spec: YAML or a Python dict in, typed and validated `JobSpec` out.
+
+Validation happens once, at the edge. Every mistake raises `SpecError` with one paragraph naming
+the field path, the value that was given and how to fix it; an unknown key names the nearest
+valid key. Past this module the rest of the code trusts the types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from orchestrator.errors import SpecError
+
+DEFAULT_STORAGE = "~/orchestrator-runs"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PLACEMENTS = ("spread", "pack")
+STRATEGIES = ("ddp",)
+# Trainer arguments the orchestrator sets itself: a user value would fight the placement Ray made.
+OWNED_TRAINER_ARGS = {
+    "devices": "the number of workers is scaling.num_workers",
+    "num_nodes": "the number of workers is scaling.num_workers",
+    "accelerator": "scaling.use_gpu chooses the accelerator",
+    "plugins": "the orchestrator installs Ray's cluster environment plugin",
+    "enable_checkpointing": "checkpoints are configured under checkpoint:",
+    "default_root_dir": "the run directory is <storage>/<name>",
+    "callbacks": "callbacks are not yet configurable from the spec",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed spec
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """A class named by its import path, with the keyword arguments to build it."""
+
+    class_path: str
+    init_args: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Any:
+        return import_object(self.class_path, "class_path")(**self.init_args)
+
+
+@dataclass(frozen=True)
+class LightningSpec:
+    model: ClassRef
+    data: ClassRef
+    # Keyword arguments for lightning.Trainer, checked against its signature.
+    trainer: dict[str, Any]
+    # ddp is the only strategy built so far (fsdp and deepspeed come with their own issue).
+    strategy: str = "ddp"
+
+
+@dataclass(frozen=True)
+class TorchSpec:
+    # "package.module:function" (or "package.module.function"); called as train_loop(ctx).
+    train_loop: str
+    # Free-form settings handed to the loop as ctx.config.
+    config: dict[str, Any] = field(default_factory=dict)
+    # Epochs to train; the loop iterates ctx.epochs(). At least one of max_epochs/max_steps.
+    max_epochs: int | None = None
+    # Optimizer steps to train in total; training stops after this many ctx.step() calls.
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    # Number of training workers (DDP ranks), >= 1.
+    num_workers: int = 2
+    # Give each worker one GPU and use NCCL; false trains on CPU with gloo.
+    use_gpu: bool = False
+    # Ray resources each worker asks for, e.g. {CPU: 1}.
+    resources_per_worker: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    # spread: one worker per node where possible; pack: fill a node before using the next.
+    placement: str = "spread"
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    # Save every N optimizer steps (None: only at epoch ends and at the end of the run).
+    every_n_steps: int | None = None
+    # Save when at least this many seconds passed since the last save (None: off).
+    every_n_seconds: float | None = None
+    # Also save at the end of every epoch.
+    at_epoch_end: bool = True
+    # Keep the newest K committed checkpoints (None: keep all). The newest is never deleted.
+    keep_last: int | None = 3
+    # Write checkpoints in the background; the training loop only waits for an in-memory copy.
+    async_save: bool = True
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    # Worker-group restarts allowed before the run fails (-1: unlimited, 0: none).
+    max_failures: int = 3
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    # Run identity: <storage>/<name>/ holds its checkpoints and summary.json.
+    name: str
+    # Local directory, shared mount, or a pyarrow.fs URI (s3://...).
+    storage: str = DEFAULT_STORAGE
+    # latest | none | <checkpoint URI>
+    resume_from: str = "latest"
+    # Seeds python, numpy and torch on every rank (each rank offsets by its rank).
+    seed: int = 0
+    lightning: LightningSpec | None = None
+    torch: TorchSpec | None = None
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    failure: FailureSpec = field(default_factory=FailureSpec)
+    # Environment variables set in every worker (NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...).
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "lightning" if self.lightning is not None else "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def load_spec_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML spec file into a raw dict, with clear errors for a missing or broken file."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(
+            f"spec file '{path}' does not exist (looked in {path.resolve().parent}). "
+            "Fix: pass the path of a YAML job spec, e.g. `orchestrator run jobs/quickstart.yaml`."
+        )
+    if path.is_dir():
+        raise SpecError(f"spec path '{path}' is a directory, not a file. Fix: pass a YAML spec file inside it.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(
+            f"spec file '{path}' is not valid YAML{where}: {exc.problem}. "
+            "Fix: correct the YAML syntax there (indentation uses spaces; `key: value` pairs)."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec file '{path}' is not valid YAML: {exc}. Fix: correct the YAML syntax.") from None
+    if not isinstance(raw, dict):
+        raise SpecError(
+            f"spec file '{path}' must hold a mapping of fields (name:, lightning: or torch:, ...), "
+            f"but its top level is {_describe(raw)}. Fix: write the spec as `key: value` lines."
+        )
+    return raw
+
+
+def parse_set_option(option: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", parsed value). The value is parsed as YAML: 3 is an int, [1, 2] a list."""
+    key, sep, text = option.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*", key):
+        raise SpecError(
+            f"--set '{option}' is not of the form KEY=VALUE with a dotted KEY. "
+            "Fix: write it like `--set scaling.num_workers=4` or `--set lightning.trainer.max_epochs=10`."
+        )
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return key, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Set dotted keys ("scaling.num_workers") in a copy of the raw spec, creating mappings on the way."""
+    result = _deep_copy(raw)
+    for dotted, value in overrides.items():
+        node = result
+        parts = dotted.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                prefix = ".".join(parts[: i + 1])
+                raise SpecError(
+                    f"--set {dotted}: '{prefix}' is {_describe(child)}, not a mapping, so it has no field "
+                    f"'{parts[i + 1]}'. Fix: set '{prefix}' itself, or check the key's spelling."
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
+    """Turn a raw mapping into a JobSpec, or raise SpecError naming the first problem found."""
+    if isinstance(raw, JobSpec):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"a job spec must be a mapping of fields, got {_describe(raw)}.")
+    _check_keys(raw, JobSpec, "")
+    name = _require(raw, "name", "", str, example="digits-ddp")
+    if not NAME_PATTERN.match(name):
+        raise SpecError(
+            f"field 'name': {name!r} cannot name a run directory. Fix: use letters, digits, '.', '_' "
+            "or '-' only, starting with a letter or digit (at most 128 characters), e.g. 'digits-ddp'."
+        )
+    storage = _optional(raw, "storage", "", str, DEFAULT_STORAGE)
+    if not storage.strip():
+        raise SpecError("field 'storage': got an empty string. Fix: name a directory or URI, e.g. ~/orchestrator-runs.")
+    resume_from = str(_optional(raw, "resume_from", "", (str,), "latest"))
+    seed = _int(raw, "seed", "", 0, minimum=0)
+
+    has_lightning = raw.get("lightning") is not None
+    has_torch = raw.get("torch") is not None
+    if has_lightning == has_torch:
+        got = "both" if has_lightning else "neither"
+        raise SpecError(
+            f"the spec has {got} of 'lightning:' and 'torch:'; it needs exactly one. Fix: use "
+            "'lightning:' with model/data class_paths for a LightningModule, or 'torch:' with "
+            "train_loop: 'module:function' for a plain PyTorch loop."
+        )
+    lightning = _lightning(raw["lightning"], check_imports) if has_lightning else None
+    torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
+    return JobSpec(
+        name=name,
+        storage=storage,
+        resume_from=resume_from,
+        seed=seed,
+        lightning=lightning,
+        torch=torch_spec,
+        scaling=_scaling(raw.get("scaling") or {}),
+        checkpoint=_checkpoint(raw.get("checkpoint") or {}),
+        failure=_failure(raw.get("failure") or {}),
+        env=_env(raw.get("env") or {}),
+    )
+
+
+def _lightning(raw: Any, check_imports: bool) -> LightningSpec:
+    path = "lightning"
+    _mapping(raw, path)
+    _check_keys(raw, LightningSpec, path)
+    model = _class_ref(_require(raw, "model", path, dict), f"{path}.model", check_imports)
+    data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
+    trainer = dict(_optional(raw, "trainer", path, dict, {}))
+    strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
+    if strategy not in STRATEGIES:
+        raise SpecError(
+            f"field 'lightning.trainer.strategy': {strategy!r} is not available. Valid choices: "
+            f"{', '.join(STRATEGIES)}. Fix: set strategy: ddp."
+        )
+    _check_trainer_args(trainer, f"{path}.trainer")
+    if trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
+        raise SpecError(
+            "field 'lightning.trainer': neither max_epochs nor max_steps is set, so training would run "
+            "for Lightning's default of 1000 epochs. Fix: set lightning.trainer.max_epochs (e.g. 5) "
+            "or lightning.trainer.max_steps."
+        )
+    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy)
+
+
+def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    valid = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    for key, value in trainer.items():
+        if key in OWNED_TRAINER_ARGS:
+            raise SpecError(
+                f"field '{path}.{key}': the orchestrator sets this Trainer argument itself "
+                f"({OWNED_TRAINER_ARGS[key]}). Fix: remove '{key}' from {path}."
+            )
+        if key not in valid:
+            raise SpecError(
+                f"field '{path}.{key}': {key!r} is not an argument of lightning.Trainer"
+                f"{_nearest(key, valid)}. Fix: use one of Trainer's arguments "
+                "(max_epochs, max_steps, precision, accumulate_grad_batches, gradient_clip_val, ...)."
+            )
+    for key in ("max_epochs", "max_steps", "accumulate_grad_batches"):
+        if key in trainer and trainer[key] is not None:
+            _int(trainer, key, path, None, minimum=-1 if key == "max_steps" else 1)
+
+
+def _torch(raw: Any, check_imports: bool) -> TorchSpec:
+    path = "torch"
+    _mapping(raw, path)
+    _check_keys(raw, TorchSpec, path)
+    loop = _require(raw, "train_loop", path, str, example="jobs.digits_torch:train_loop")
+    if check_imports:
+        func = import_object(loop, f"{path}.train_loop")
+        if not callable(func):
+            raise SpecError(f"field '{path}.train_loop': {loop!r} is {_describe(func)}, not a function. Fix: name a function train_loop(ctx).")
+    config = dict(_optional(raw, "config", path, dict, {}))
+    max_epochs = _int(raw, "max_epochs", path, None, minimum=1)
+    max_steps = _int(raw, "max_steps", path, None, minimum=1)
+    if max_epochs is None and max_steps is None:
+        raise SpecError(
+            "field 'torch': neither max_epochs nor max_steps is set, so the run would never end. "
+            "Fix: set torch.max_epochs (e.g. 5) or torch.max_steps (e.g. 1000)."
+        )
+    return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps)
+
+
+def _scaling(raw: Any) -> ScalingSpec:
+    path = "scaling"
+    _mapping(raw, path)
+    _check_keys(raw, ScalingSpec, path)
+    workers = raw.get("num_workers", 2)
+    if isinstance(workers, (list, tuple)):
+        raise SpecError(
+            f"field 'scaling.num_workers': {workers!r} asks for an elastic [min, max] range, which this "
+            "version does not support yet. Fix: give a fixed number of workers, e.g. num_workers: 2."
+        )
+    num_workers = _int(raw, "num_workers", path, 2, minimum=1)
+    use_gpu = _bool(raw, "use_gpu", path, False)
+    resources = _optional(raw, "resources_per_worker", path, dict, {"CPU": 1.0})
+    for key, value in resources.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SpecError(
+                f"field 'scaling.resources_per_worker.{key}': got {value!r}; a resource amount must be a "
+                "non-negative number. Fix: write e.g. resources_per_worker: {CPU: 1}."
+            )
+    placement = _choice(raw, "placement", path, PLACEMENTS, "spread")
+    return ScalingSpec(
+        num_workers=num_workers,
+        use_gpu=use_gpu,
+        resources_per_worker={str(k): float(v) for k, v in resources.items()},
+        placement=placement,
+    )
+
+
+_CHECKPOINT_ALIASES = {"async": "async_save"}
+
+
+def _checkpoint(raw: Any) -> CheckpointSpec:
+    path = "checkpoint"
+    _mapping(raw, path)
+    raw = {_CHECKPOINT_ALIASES.get(k, k): v for k, v in raw.items()}
+    _check_keys(raw, CheckpointSpec, path, extra=("async",))
+    every_s = raw.get("every_n_seconds")
+    if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0):
+        raise SpecError(
+            f"field 'checkpoint.every_n_seconds': got {every_s!r}; it must be a positive number of seconds "
+            "or null. Fix: e.g. every_n_seconds: 600."
+        )
+    return CheckpointSpec(
+        every_n_steps=_int(raw, "every_n_steps", path, None, minimum=1),
+        every_n_seconds=float(every_s) if every_s is not None else None,
+        at_epoch_end=_bool(raw, "at_epoch_end", path, True),
+        keep_last=_int(raw, "keep_last", path, 3, minimum=1),
+        async_save=_bool(raw, "async_save", path, True),
+    )
+
+
+def _failure(raw: Any) -> FailureSpec:
+    path = "failure"
+    _mapping(raw, path)
+    _check_keys(raw, FailureSpec, path)
+    return FailureSpec(max_failures=_int(raw, "max_failures", path, 3, minimum=-1))
+
+
+def _env(raw: Any) -> dict[str, str]:
+    _mapping(raw, "env")
+    env = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise SpecError(f"field 'env': {key!r} is not a valid environment variable name. Fix: use letters, digits and '_'.")
+        if isinstance(value, (dict, list)) or value is None:
+            raise SpecError(f"field 'env.{key}': got {_describe(value)}; environment values must be strings or numbers. Fix: quote it, e.g. {key}: \"1\".")
+        env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def _class_ref(raw: dict[str, Any], path: str, check_imports: bool) -> ClassRef:
+    allowed = ("class_path", "init_args")
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(f"field '{path}.{key}' is not a valid key{_nearest(key, allowed)}. Valid keys: class_path, init_args.")
+    class_path = _require(raw, "class_path", path, str, example="jobs.digits.DigitsClassifier")
+    init_args = _optional(raw, "init_args", path, dict, {})
+    if check_imports:
+        obj = import_object(class_path, f"{path}.class_path")
+        if not isinstance(obj, type):
+            raise SpecError(f"field '{path}.class_path': {class_path!r} is {_describe(obj)}, not a class. Fix: name the class itself.")
+    return ClassRef(class_path=class_path, init_args=dict(init_args))
+
+
+def import_object(dotted: str, field_path: str) -> Any:
+    """Import "pkg.mod.Name" or "pkg.mod:Name"; a failure names the module and attribute tried."""
+    if ":" in dotted:
+        module_name, _, attr = dotted.partition(":")
+    else:
+        module_name, _, attr = dotted.rpartition(".")
+    if not module_name or not attr:
+        raise SpecError(
+            f"field '{field_path}': {dotted!r} is not an import path. Fix: write 'package.module.Name' "
+            "or 'package.module:name', e.g. jobs.digits.DigitsClassifier."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise SpecError(
+                f"field '{field_path}': module '{module_name}' (for {dotted!r}) could not be imported: "
+                f"no module named '{exc.name}'. Fix: check the spelling, run from the directory that "
+                "contains the package, or install it (pip install -e .)."
+            ) from None
+        raise SpecError(
+            f"field '{field_path}': module '{module_name}' was found but importing it failed: {exc}. "
+            f"Fix: install the missing dependency '{exc.name}'."
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise SpecError(
+            f"field '{field_path}': importing module '{module_name}' raised {type(exc).__name__}: {exc}. "
+            "Fix: make the module importable (run `python -c \"import "
+            f"{module_name}\"` to see the full error)."
+        ) from None
+    if not hasattr(module, attr):
+        public = [n for n in dir(module) if not n.startswith("_")]
+        raise SpecError(
+            f"field '{field_path}': module '{module_name}' has no attribute '{attr}'"
+            f"{_nearest(attr, public)}. Fix: correct the name after the last '.' in {dotted!r}."
+        )
+    return getattr(module, attr)
+
+
+# --- small checkers: each raises SpecError with path, value and fix -----------------------------
+
+
+def _check_keys(raw: Mapping[str, Any], cls: type, path: str, extra: tuple[str, ...] = ()) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)] + list(extra)
+    for key in raw:
+        if key not in valid:
+            where = f"{path}.{key}" if path else str(key)
+            raise SpecError(
+                f"field '{where}' is not a valid key{_nearest(str(key), valid)}. "
+                f"Valid keys{' under ' + path if path else ''}: {', '.join(valid)}."
+            )
+
+
+def _nearest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _mapping(raw: Any, path: str) -> None:
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"field '{path}': got {_describe(raw)}, expected a mapping of fields. Fix: write '{path}:' followed by indented 'key: value' lines.")
+
+
+def _require(raw: Mapping[str, Any], key: str, path: str, kind: type, example: str | None = None) -> Any:
+    where = f"{path}.{key}" if path else key
+    if raw.get(key) is None:
+        hint = f", e.g. {key}: {example}" if example else ""
+        raise SpecError(f"field '{where}' is required but missing. Fix: add it to the spec{hint}.")
+    return _typed(raw[key], where, kind)
+
+
+def _optional(raw: Mapping[str, Any], key: str, path: str, kind: Any, default: Any) -> Any:
+    if raw.get(key) is None:
+        return default
+    return _typed(raw[key], f"{path}.{key}" if path else key, kind)
+
+
+def _typed(value: Any, where: str, kind: Any) -> Any:
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        expected = {"dict": "a mapping", "str": "a string", "list": "a list"}.get(names, names)
+        raise SpecError(f"field '{where}': got {_describe(value)}, expected {expected}. Fix: give '{where}' {expected}.")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None, minimum: int) -> int | None:
+    where = f"{path}.{key}" if path else key
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"field '{where}': got {_describe(value)}, expected a whole number >= {minimum}. Fix: e.g. {key}: {max(minimum, 1) if default is None else default}.")
+    if value < minimum:
+        raise SpecError(f"field '{where}': got {value}, but it must be at least {minimum}. Fix: set {where} to {minimum} or more.")
+    return value
+
+
+def _bool(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SpecError(f"field '{path}.{key}': got {_describe(value)}, expected true or false. Fix: write {key}: {str(default).lower()}.")
+    return value
+
+
+def _choice(raw: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...], default: str) -> str:
+    value = raw.get(key, default)
+    if value not in choices:
+        raise SpecError(
+            f"field '{path}.{key}': {value!r} is not a valid choice{_nearest(str(value), choices)}. "
+            f"Valid choices: {', '.join(choices)}. Fix: set {key}: {default}."
+        )
+    return value
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """Load (if a path), apply dotted overrides, and validate. The one entry the CLI and API share."""
+    if isinstance(spec, JobSpec):
+        if not overrides:
+            return spec
+        spec = spec.to_dict()
+        spec = {k: v for k, v in spec.items() if v is not None}
+        spec["checkpoint"] = {("async" if k == "async_save" else k): v for k, v in spec["checkpoint"].items()}
+        kind = "lightning" if spec.get("lightning") else "torch"
+        if kind == "lightning":
+            spec["lightning"]["trainer"] = {**spec["lightning"]["trainer"], "strategy": spec["lightning"].pop("strategy")}
+    raw = load_spec_file(spec) if isinstance(spec, (str, os.PathLike)) else dict(spec)
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    return validate(raw)
+
+

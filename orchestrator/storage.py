@@ -1,0 +1,98 @@
+"""Every storage access goes through pyarrow.fs: a local path, a shared mount, s3://, gs://, ...
+
+`resolve(uri)` returns the filesystem and the path inside it. Local paths are expanded (~) and
+made absolute so that every worker on the machine agrees on them.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from orchestrator.errors import UserError
+
+
+@dataclass(frozen=True)
+class Location:
+    """A filesystem and a path inside it; `uri` is the form to hand to another process."""
+
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def join(self, *parts: str) -> "Location":
+        path = posixpath.join(self.path, *parts)
+        uri = _join_uri(self.uri, *parts)
+        return Location(self.fs, path, uri)
+
+
+def _join_uri(uri: str, *parts: str) -> str:
+    base, sep, query = uri.partition("?")
+    joined = base.rstrip("/") + "/" + "/".join(p.strip("/") for p in parts)
+    return joined + (sep + query if sep else "")
+
+
+def resolve(uri: str) -> Location:
+    """Turn a storage string from the spec into a Location, with a clear error if it cannot be opened."""
+    parsed = urlparse(uri)
+    if not parsed.scheme or len(parsed.scheme) == 1 or parsed.scheme == "file":  # a path (or C:\ on Windows)
+        local = os.path.abspath(os.path.expanduser(parsed.path if parsed.scheme == "file" else uri))
+        return Location(pafs.LocalFileSystem(), local, local)
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own text
+        raise UserError(
+            f"storage '{uri}' could not be opened: {exc}. Fix: use a local directory or a URI pyarrow.fs "
+            "understands (s3://bucket/prefix, gs://bucket/prefix, hdfs://host/path); for S3 set "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and, for a non-AWS server, ?endpoint_override=HOST:PORT."
+        ) from None
+    return Location(fs, path.rstrip("/"), uri)
+
+
+def read_bytes(loc: Location) -> bytes:
+    with loc.fs.open_input_stream(loc.path) as f:
+        return f.read()
+
+
+def write_bytes(loc: Location, data: bytes) -> None:
+    with loc.fs.open_output_stream(loc.path) as f:
+        f.write(data)
+
+
+def write_atomic(loc: Location, data: bytes) -> None:
+    """Write a whole file so that readers see the old content or the new, never a torn one.
+
+    Local filesystems get a temporary name and a rename. Object stores (S3, GCS) publish an object
+    only when its upload completes, so a direct write is already atomic there.
+    """
+    if loc.is_local:
+        loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
+        tmp = f"{loc.path}.tmp-{os.getpid()}"
+        with loc.fs.open_output_stream(tmp) as f:
+            f.write(data)
+        os.replace(tmp, loc.path)
+    else:
+        write_bytes(loc, data)
+
+
+def exists(loc: Location) -> bool:
+    return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
+
+
+def list_dir(loc: Location) -> list[pafs.FileInfo]:
+    info = loc.fs.get_file_info(loc.path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    return loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=False))
+
+
+def ensure_dir(loc: Location) -> None:
+    loc.fs.create_dir(loc.path, recursive=True)
