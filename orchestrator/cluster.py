@@ -53,6 +53,7 @@ def connect(address: str | None, *, worker_env: dict[str, str]) -> Connection:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if ray.is_initialized():
         return Connection(False, "existing", _session_dir())
+    _hide_embedded_auth_notice()
     init_kwargs = dict(
         log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
         logging_level=logging.WARNING,
@@ -69,6 +70,9 @@ def connect(address: str | None, *, worker_env: dict[str, str]) -> Connection:
 
 
 def disconnect(connection: Connection) -> None:
+    """Shut Ray down if this driver started or joined it; leave a caller's own connection alone."""
+    if connection.address == "existing":
+        return
     ray.shutdown()
     if connection.embedded:
         _record_path(os.getpid()).unlink(missing_ok=True)
@@ -146,3 +150,18 @@ def _pids_mentioning(session_dir: str) -> list[int]:
         if session_name and session_name in cmdline:
             pids.append(int(entry))
     return pids
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def _hide_embedded_auth_notice() -> None:
+    """Ray announces token auth on every start; for a private embedded cluster it is noise."""
+    for name in ("ray", "ray._private.authentication.authentication_token_setup"):
+        logging.getLogger(name).addFilter(_DropMessage("Token authentication is enabled"))

@@ -212,7 +212,8 @@ class _ProgressPrinter:
             at_boundary = event["batch_in_epoch"] == 0
             epoch = f"epoch {event['epoch'] if at_boundary else event['epoch'] + 1}{self._epochs}"
             epoch += " done" if at_boundary else ""
-            return f"{epoch:<14} step {event['step']:>6}  {metrics}  {event['samples_per_s']:,.0f} samples/s"
+            rate = f"  {event['samples_per_s']:,.0f} samples/s" if event.get("samples_per_s") else ""
+            return f"{epoch:<14} step {event['step']:>6}  {metrics}{rate}"
         if kind == "checkpoint":
             return f"checkpoint committed: step {event['step']} ({event['reason']}) -> {event['uri']}"
         return None

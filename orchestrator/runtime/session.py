@@ -108,6 +108,8 @@ class WorkerSession:
     # --- progress -----------------------------------------------------------------------------
 
     def count_samples(self, n: int) -> None:
+        if self._samples_since == 0 and self._last_progress == 0.0:
+            self._since = time.monotonic()  # the rate starts at the first batch, not at start-up
         self._samples_since += n
 
     def progress(self, progress: Progress, *, force: bool = False) -> None:
@@ -115,8 +117,10 @@ class WorkerSession:
         if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_INTERVAL_S):
             return
         elapsed = max(now - self._since, 1e-9)
-        samples_per_s = self._samples_since * self.world_size / elapsed
-        self._samples_since, self._since, self._last_progress = 0, now, now
+        samples_per_s = self._samples_since * self.world_size / elapsed if self._samples_since else None
+        if self._samples_since or self._last_progress == 0.0:
+            self._samples_since, self._since = 0, now
+        self._last_progress = now
         self.monitor.push.remote("progress", samples_per_s=samples_per_s, **progress.to_dict())
 
     # --- saving -------------------------------------------------------------------------------

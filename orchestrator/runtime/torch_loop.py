@@ -138,7 +138,6 @@ class TrainContext:
     def report(self, **metrics: Any) -> None:
         """Record metrics that are not per step (validation accuracy...); they go into summary.json."""
         self.progress.metrics.update(_scalars(metrics))
-        self._session.progress(self.progress, force=True)
 
     def save(self, reason: str = "manual") -> None:
         """Checkpoint now (every rank must call it). Rank 0 only blocks for an in-memory copy."""

@@ -1,0 +1,164 @@
+"""The checkpoint store: atomic commits, verification with fallback, retention, safe loading, S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from orchestrator import storage
+from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointStore, Manifest, dumps_state, loads_state
+from orchestrator.checkpoint.store import TMP_PREFIX
+from orchestrator.errors import CheckpointError
+
+
+def manifest(step: int) -> Manifest:
+    return Manifest(step=step, epoch=0, batch_in_epoch=step, world_size=2, kind="torch", files={})
+
+
+def commit(store: CheckpointStore, step: int):
+    state = {"w": torch.full((4,), float(step)), "step": step}
+    return store.commit(manifest(step), {"state.pt": dumps_state(state)})
+
+
+@pytest.fixture
+def store(tmp_path):
+    return CheckpointStore(storage.resolve(str(tmp_path / "run")))
+
+
+def loaded_step(store) -> int:
+    selection = store.latest_loadable()
+    return loads_state(selection.files["state.pt"], source="test")["step"]
+
+
+def test_committed_checkpoints_are_listed_oldest_first_with_their_manifest(store):
+    for step in (10, 20, 30):
+        commit(store, step)
+    infos = store.scan()
+    assert [i.step for i in infos] == [10, 20, 30]
+    assert all(i.status == "committed" for i in infos)
+    assert infos[-1].manifest.files["state.pt"].size > 0
+    assert "torch" in infos[-1].manifest.versions
+    assert loaded_step(store) == 30
+
+
+def _corrupt_truncate(info):
+    path = os.path.join(info.location.path, "state.pt")
+    with open(path, "r+b") as f:
+        f.truncate(10)
+
+
+def _corrupt_flip_byte(info):
+    path = os.path.join(info.location.path, "state.pt")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+
+
+def _corrupt_remove_manifest(info):
+    os.remove(os.path.join(info.location.path, "manifest.json"))
+
+
+def _corrupt_garble_manifest(info):
+    with open(os.path.join(info.location.path, "manifest.json"), "w") as f:
+        f.write("{not json")
+
+
+@pytest.mark.parametrize("corrupt,status", [
+    (_corrupt_truncate, "corrupt"),
+    (_corrupt_flip_byte, "committed"),  # sizes match: only the checksum finds it
+    (_corrupt_remove_manifest, "partial"),
+    (_corrupt_garble_manifest, "corrupt"),
+], ids=["truncated file", "flipped byte", "missing manifest", "unreadable manifest"])
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_one_used(store, corrupt, status):
+    commit(store, 10)
+    newest = commit(store, 20)
+    corrupt(newest)
+    assert store.scan()[-1].status == status
+    selection = store.latest_loadable()
+    assert selection.info.step == 10
+    assert len(selection.skipped) == 1 and "step-000000020" in selection.skipped[0]
+    with pytest.raises(CheckpointError) as info:
+        store.open_uri(newest.uri)
+    assert newest.uri in str(info.value) and "Fix" in str(info.value)
+
+
+def test_an_uncommitted_temporary_folder_is_never_taken_for_a_checkpoint(store):
+    commit(store, 10)
+    tmp = os.path.join(store.root.path, f"{TMP_PREFIX}step-000000020-abcd")
+    os.makedirs(tmp)
+    open(os.path.join(tmp, "state.pt"), "wb").write(b"half written")
+    assert [i.status for i in store.scan()] == ["committed", "partial"]
+    assert store.latest_loadable().info.step == 10
+
+
+def test_verify_finds_a_flipped_byte(store):
+    info = commit(store, 10)
+    _corrupt_flip_byte(info)
+    assert store.verify(store.scan()[0]).status == "corrupt"
+
+
+def test_resume_from_a_missing_uri_is_a_clear_error(store, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint folder exists"):
+        store.open_uri(str(tmp_path / "run" / "checkpoints" / "step-000000999"))
+
+
+def test_keep_last_keeps_exactly_the_newest_k_and_stale_partials_go(store):
+    for step in (10, 20, 30, 40, 50):
+        commit(store, step)
+    os.makedirs(os.path.join(store.root.path, f"{TMP_PREFIX}step-000000015-dead"))
+    deleted = store.retain(keep_last=2)
+    assert [i.step for i in store.scan()] == [40, 50]
+    assert sorted(i.step for i in deleted) == [10, 15, 20, 30]
+
+
+def test_retention_never_deletes_the_newest_committed_checkpoint(store):
+    commit(store, 10)
+    store.retain(keep_last=1)
+    store.retain(keep_last=1)
+    assert [i.step for i in store.committed()] == [10]
+
+
+def test_a_pickled_object_is_refused_on_load():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    data = pickle.dumps({"model": Evil()})
+    with pytest.raises(CheckpointError) as info:
+        loads_state(data, source="evil.pt")
+    assert "evil.pt" in str(info.value) and "arbitrary code" in str(info.value)
+
+
+def test_the_async_writer_returns_before_the_write_and_surfaces_background_failures(store):
+    writer = AsyncCheckpointWriter(store, asynchronous=True)
+    writer.save(manifest(10), lambda: {"state.pt": dumps_state({"x": torch.zeros(3)})})
+    writer.wait()
+    assert [i.step for i in store.committed()] == [10]
+
+    def explode():
+        raise OSError("disk full")
+
+    writer.save(manifest(20), explode)
+    with pytest.raises(RuntimeError, match="disk full"):
+        writer.close()
+    assert [i.step for i in store.committed()] == [10]
+
+
+def test_the_store_works_the_same_on_s3(s3_server):
+    uri = s3_server.format(prefix="store-test/run")
+    store = CheckpointStore(storage.resolve(uri))
+    for step in (10, 20, 30):
+        commit(store, step)
+    assert [i.status for i in store.scan()] == ["committed"] * 3
+    assert loaded_step(store) == 30
+    newest = store.scan()[-1]
+    newest.location.fs.delete_file(newest.location.join("manifest.json").path)
+    assert store.scan()[-1].status == "partial"
+    assert loaded_step(store) == 20
+    store.retain(keep_last=1)
+    assert [i.step for i in store.committed()] == [20]
+    assert json.loads(storage.read_bytes(store.committed()[0].location.join("manifest.json")))["step"] == 20

@@ -1,0 +1,143 @@
+"""Spec validation: every mistake names the field, the bad value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec import apply_overrides, load_spec_file, parse_set_option, resolve_spec, validate
+
+LIGHTNING = {
+    "name": "t",
+    "lightning": {
+        "model": {"class_path": "jobs.digits.DigitsClassifier", "init_args": {"hidden": 8}},
+        "data": {"class_path": "jobs.digits.DigitsData"},
+        "trainer": {"max_epochs": 1},
+    },
+}
+TORCH = {"name": "t", "torch": {"train_loop": "jobs.digits_torch:train_loop", "max_epochs": 1}}
+
+
+def with_(base, dotted, value):
+    return apply_overrides(base, {dotted: value})
+
+
+def without(base, dotted):
+    import copy
+
+    raw = copy.deepcopy(base)
+    *parents, last = dotted.split(".")
+    node = raw
+    for p in parents:
+        node = node[p]
+    del node[last]
+    return raw
+
+
+BAD_SPECS = [
+    # (id, raw spec, fragments the message must contain)
+    ("unknown top-level key", with_(TORCH, "scalling", {}), ["scalling", "did you mean 'scaling'"]),
+    ("unknown nested key", with_(TORCH, "scaling.num_worker", 2), ["scaling.num_worker", "did you mean 'num_workers'"]),
+    ("wrong type for workers", with_(TORCH, "scaling.num_workers", "two"), ["scaling.num_workers", "'two'", "whole number"]),
+    ("negative workers", with_(TORCH, "scaling.num_workers", -1), ["scaling.num_workers", "-1", "at least 1"]),
+    ("zero workers", with_(TORCH, "scaling.num_workers", 0), ["scaling.num_workers", "at least 1"]),
+    ("both lightning and torch", {**LIGHTNING, "torch": TORCH["torch"]}, ["both", "exactly one"]),
+    ("neither lightning nor torch", {"name": "t"}, ["neither", "exactly one"]),
+    ("missing name", without(TORCH, "name"), ["'name' is required", "add it"]),
+    ("bad name characters", with_(TORCH, "name", "my run/1"), ["'my run/1'", "letters, digits"]),
+    ("missing class module", with_(LIGHTNING, "lightning.model.class_path", "jobs.nope.Model"),
+     ["lightning.model.class_path", "module 'jobs.nope'", "no module named 'jobs.nope'"]),
+    ("missing class attribute", with_(LIGHTNING, "lightning.model.class_path", "jobs.digits.DigitClassifier"),
+     ["module 'jobs.digits' has no attribute 'DigitClassifier'", "did you mean 'DigitsClassifier'"]),
+    ("class path without module", with_(LIGHTNING, "lightning.data.class_path", "DigitsData"),
+     ["lightning.data.class_path", "not an import path"]),
+    ("train loop is not importable", with_(TORCH, "torch.train_loop", "jobs.digits_torch:train_lop"),
+     ["torch.train_loop", "no attribute 'train_lop'", "did you mean 'train_loop'"]),
+    ("unknown trainer argument", with_(LIGHTNING, "lightning.trainer.max_epoch", 3),
+     ["lightning.trainer.max_epoch", "not an argument of lightning.Trainer", "did you mean 'max_epochs'"]),
+    ("trainer argument the orchestrator owns", with_(LIGHTNING, "lightning.trainer.devices", 4),
+     ["lightning.trainer.devices", "scaling.num_workers", "remove 'devices'"]),
+    ("unsupported strategy", with_(LIGHTNING, "lightning.trainer.strategy", "horovod"), ["'horovod'", "Valid choices: ddp"]),
+    ("no training limit", without(LIGHTNING, "lightning.trainer.max_epochs"), ["max_epochs", "max_steps", "1000 epochs"]),
+    ("torch loop without limits", without(TORCH, "torch.max_epochs"), ["torch.max_epochs", "never end"]),
+    ("bad placement", with_(TORCH, "scaling.placement", "spraed"), ["scaling.placement", "'spraed'", "did you mean 'spread'", "spread, pack"]),
+    ("bool for workers", with_(TORCH, "scaling.num_workers", True), ["scaling.num_workers", "True"]),
+    ("section not a mapping", with_(TORCH, "checkpoint", [1, 2]), ["checkpoint", "expected a mapping"]),
+    ("negative checkpoint seconds", with_(TORCH, "checkpoint.every_n_seconds", -5), ["checkpoint.every_n_seconds", "-5", "positive"]),
+    ("zero keep_last", with_(TORCH, "checkpoint.keep_last", 0), ["checkpoint.keep_last", "at least 1"]),
+    ("non-boolean use_gpu", with_(TORCH, "scaling.use_gpu", "yes please"), ["scaling.use_gpu", "true or false"]),
+    ("negative resource", with_(TORCH, "scaling.resources_per_worker", {"CPU": -1}), ["resources_per_worker.CPU", "non-negative"]),
+    ("elastic range not yet supported", with_(TORCH, "scaling.num_workers", [1, 4]), ["[1, 4]", "elastic", "num_workers: 2"]),
+    ("env value is a mapping", with_(TORCH, "env", {"NCCL_DEBUG": {"a": 1}}), ["env.NCCL_DEBUG", "strings"]),
+    ("init_args not a mapping", with_(LIGHTNING, "lightning.model.init_args", [1]), ["lightning.model.init_args", "mapping"]),
+]
+
+
+@pytest.mark.parametrize("raw,fragments", [(r, f) for _, r, f in BAD_SPECS], ids=[i for i, _, _ in BAD_SPECS])
+def test_a_bad_spec_is_rejected_with_a_message_naming_the_field_and_the_fix(raw, fragments):
+    with pytest.raises(SpecError) as info:
+        validate(raw)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+    assert "Fix" in message or "did you mean" in message or "Valid" in message
+    assert "\n" not in message, "errors are one paragraph"
+
+
+def test_a_valid_spec_becomes_typed_objects_with_documented_defaults():
+    spec = validate(LIGHTNING)
+    assert spec.kind == "lightning"
+    assert spec.storage == "~/orchestrator-runs"
+    assert spec.resume_from == "latest"
+    assert spec.scaling.num_workers == 2 and spec.scaling.placement == "spread"
+    assert spec.lightning.strategy == "ddp"
+    assert spec.checkpoint.async_save is True
+
+
+def test_set_overrides_any_field_and_parses_values_as_yaml(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: t\ntorch: {train_loop: 'jobs.digits_torch:train_loop', max_epochs: 1}\n")
+    overrides = dict(parse_set_option(o) for o in ["scaling.num_workers=4", "torch.config.lr=0.5", "checkpoint.async=false"])
+    spec = resolve_spec(path, overrides)
+    assert spec.scaling.num_workers == 4
+    assert spec.torch.config == {"lr": 0.5}
+    assert spec.checkpoint.async_save is False
+
+
+@pytest.mark.parametrize("option", ["scaling.num_workers", "=3", "a..b=1"])
+def test_a_malformed_set_option_is_a_clear_error(option):
+    with pytest.raises(SpecError, match="KEY=VALUE"):
+        parse_set_option(option)
+
+
+def test_a_missing_spec_file_is_named(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec_file(tmp_path / "nope.yaml")
+
+
+def test_bad_yaml_reports_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: t\ntorch:\n  train_loop: [unclosed\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_file(path)
+    assert "not valid YAML at line" in str(info.value)
+
+
+def test_a_spec_file_that_is_not_a_mapping_is_rejected(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- name: t\n")
+    with pytest.raises(SpecError, match="must hold a mapping"):
+        load_spec_file(path)
+
+
+def test_a_module_that_fails_to_import_reports_its_own_error(tmp_path, monkeypatch):
+    (tmp_path / "broken_job.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError) as info:
+        validate(with_(TORCH, "torch.train_loop", "broken_job:train_loop"))
+    assert "boom at import" in str(info.value) and "broken_job" in str(info.value)
+
+
+def test_the_shipped_job_specs_are_valid():
+    assert resolve_spec("jobs/quickstart.yaml").kind == "lightning"
+    assert resolve_spec("jobs/digits_torch.yaml").kind == "torch"
