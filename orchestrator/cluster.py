@@ -106,7 +106,7 @@ def reap_orphans() -> list[int]:
             continue
         session_dir = data.get("session_dir") or ""
         if session_dir:
-            for pid in _pids_mentioning(session_dir):
+            for pid in _pids_of_session(session_dir):
                 try:
                     os.kill(pid, signal.SIGKILL)
                     ended.append(pid)
@@ -135,20 +135,28 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _pids_mentioning(session_dir: str) -> list[int]:
-    """Processes whose command line contains this session's directory (never a broad name match)."""
-    session_name = os.path.basename(session_dir.rstrip("/"))
+def _pids_of_session(session_dir: str) -> list[int]:
+    """Live processes of one Ray session, found by what they hold, never by a broad name match.
+
+    Ray's agents overwrite their command line ("ray::DashboardAgent"), so a process belongs to
+    the session when its command line names the session directory or one of its open files lies
+    inside it (every Ray process keeps its log files there open).
+    """
+    session_dir = os.path.realpath(session_dir.rstrip("/"))
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) == os.getpid() or not _alive(int(entry)):
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().decode(errors="replace")
+            if session_dir in cmdline or any(
+                os.readlink(f"/proc/{entry}/fd/{fd}").startswith(session_dir + "/")
+                for fd in os.listdir(f"/proc/{entry}/fd")
+            ):
+                pids.append(int(entry))
         except OSError:
-            continue
-        if session_name and session_name in cmdline:
-            pids.append(int(entry))
+            continue  # the process ended, or is not ours to inspect
     return pids
 
 

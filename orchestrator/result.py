@@ -50,7 +50,8 @@ class RunResult:
         starts = [e for e in events if e["kind"] == "worker_started"]
         groups: list[list[dict[str, Any]]] = []
         for event in starts:
-            if event["rank"] == 0 or not groups:
+            # Ranks of one group announce in any order; a rank seen again means a new group.
+            if not groups or any(e["rank"] == event["rank"] for e in groups[-1]):
                 groups.append([])
             groups[-1].append(event)
         finished = next((e for e in reversed(events) if e["kind"] == "finished"), None)

@@ -1,0 +1,108 @@
+"""The CLI: exit codes, one-paragraph errors with no traceback, readable output, no leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, run_cli, wait_for
+
+
+def _assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_a_bad_spec_exits_2_with_the_reason_and_no_traceback(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: t\ntorch: {train_loop: 'jobs.digits_torch:train_loop', max_epochs: 1}\nscaling: {num_workers: -2}\n")
+    _assert_user_error(run_cli("run", str(spec)), "scaling.num_workers", "-2", "at least 1")
+
+
+def test_a_missing_spec_file_exits_2(tmp_path):
+    _assert_user_error(run_cli("run", str(tmp_path / "nope.yaml")), "does not exist")
+
+
+def test_a_bad_set_override_exits_2():
+    _assert_user_error(run_cli("run", "jobs/quickstart.yaml", "--set", "scaling.num_wokers=4"),
+                       "scaling.num_wokers", "did you mean 'num_workers'")
+
+
+def test_an_unknown_flag_exits_2():
+    _assert_user_error(run_cli("run", "jobs/quickstart.yaml", "--wrokers", "3"), "unrecognized arguments")
+
+
+def test_python_dash_m_and_help_work():
+    result = run_cli("run", "--help")
+    assert result.returncode == 0 and "--resume-from" in result.stdout
+
+
+def _ray_pids() -> set[int]:
+    """Live Ray processes: a session directory in the command line, or Ray's "ray::" process titles."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+                state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and ("/session_" in cmdline or cmdline.startswith("ray::")):
+                pids.add(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_path):
+    before = _ray_pids()
+    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--set", "torch.max_epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "2 workers up, starting fresh" in out
+    assert "epoch 2/2 done" in out and "samples/s" in out
+    assert "run 'digits-torch' finished" in out and "weights_sha256" in out
+    assert "Traceback" not in out + result.stderr
+    # Worker chatter stays in the run's logs, not in the terminal.
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) < 30, out
+    assert os.path.exists(tmp_path / "digits-torch" / "logs" / "rank-0.log")
+    wait_for(lambda: not (_ray_pids() - before), timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_path):
+    before = _ray_pids()
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests")}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
+         "--set", "torch.train_loop=faulty:slow_loop", "--set", "torch.max_epochs=50"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        for line in driver.stdout:
+            if "checkpoint committed" in line:
+                break
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    time.sleep(2)
+    orphans = _ray_pids() - before
+    assert orphans, "expected Ray's agents to outlive a SIGKILLed driver"
+
+    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--set", "torch.max_epochs=2",
+                     env={"PYTHONPATH": os.path.join(REPO, "tests")})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "resuming from step" in result.stdout
+    wait_for(lambda: not (orphans & _ray_pids()), timeout=30)
+    wait_for(lambda: not (_ray_pids() - before), timeout=30)

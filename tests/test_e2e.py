@@ -1,0 +1,76 @@
+"""End to end on real local Ray clusters: the shipped jobs, determinism, placement, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import orchestrator
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+def torch_spec(name: str, storage_dir, **torch_overrides) -> dict:
+    return {
+        "name": name,
+        "storage": str(storage_dir),
+        "seed": 0,
+        "torch": {"train_loop": "jobs.digits_torch:train_loop", "max_epochs": 3,
+                  "config": {"hidden": 64, "lr": 0.05, "batch_size": 32}, **torch_overrides},
+        "scaling": {"num_workers": 2},
+        "checkpoint": {"every_n_steps": 15, "keep_last": 2},
+    }
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """One run of the shipped quickstart, shared by the tests that inspect it."""
+    runs = tmp_path_factory.mktemp("runs")
+    os.environ.setdefault("ORCHESTRATOR_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    return orchestrator.run("jobs/quickstart.yaml", storage=str(runs), console=None)
+
+
+@pytest.mark.timeout(300)
+def test_quickstart_reaches_90_percent_test_accuracy(quickstart):
+    assert quickstart.status == "finished"
+    assert quickstart.metrics["test_acc"] >= 0.90
+
+
+@pytest.mark.timeout(300)
+def test_summary_json_records_what_the_run_did(quickstart):
+    summary = json.loads(open(quickstart.summary_path).read())
+    assert summary["status"] == "finished"
+    assert summary["world_size"] == 2
+    assert summary["global_step"] == quickstart.global_step > 0
+    assert summary["epochs"] == 8
+    assert summary["metrics"]["test_acc"] >= 0.90
+    assert len(summary["weights_sha256"]) == 64
+    assert summary["wall_seconds"] > 0
+    assert sorted(w["rank"] for w in summary["workers"]) == [0, 1]
+    assert all(w["node_id"] for w in summary["workers"])
+    final = summary["final_checkpoint"]
+    assert final.endswith(f"step-{summary['global_step']:09d}")
+    committed = CheckpointStore(storage.resolve(quickstart.run_dir)).committed()
+    assert committed[-1].uri == final and len(committed) <= 3  # keep_last: 3
+    assert os.path.exists(os.path.join(quickstart.run_dir, "logs", "rank-1.log"))
+
+
+@pytest.mark.timeout(300)
+def test_a_finished_run_is_reported_and_not_trained_again(quickstart):
+    again = orchestrator.run("jobs/quickstart.yaml", storage=os.path.dirname(quickstart.run_dir), console=None)
+    assert again.status == "already_finished"
+    assert again.weights_sha256 == quickstart.weights_sha256
+
+
+@pytest.mark.timeout(400)
+def test_the_plain_torch_job_is_deterministic_across_runs(tmp_path):
+    first = orchestrator.run(torch_spec("first", tmp_path), console=None)
+    second = orchestrator.run(torch_spec("second", tmp_path), console=None)
+    assert first.status == second.status == "finished"
+    assert first.global_step == 3 * 21  # 1297 samples / 2 ranks / 32 per batch -> 21 batches an epoch
+    assert first.metrics["test_acc"] >= 0.85
+    assert first.weights_sha256 == second.weights_sha256
