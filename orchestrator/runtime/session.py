@@ -108,19 +108,17 @@ class WorkerSession:
     # --- progress -----------------------------------------------------------------------------
 
     def count_samples(self, n: int) -> None:
-        if self._samples_since == 0 and self._last_progress == 0.0:
-            self._since = time.monotonic()  # the rate starts at the first batch, not at start-up
         self._samples_since += n
 
     def progress(self, progress: Progress, *, force: bool = False) -> None:
         now = time.monotonic()
         if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_INTERVAL_S):
             return
-        elapsed = max(now - self._since, 1e-9)
-        samples_per_s = self._samples_since * self.world_size / elapsed if self._samples_since else None
-        if self._samples_since or self._last_progress == 0.0:
-            self._samples_since, self._since = 0, now
-        self._last_progress = now
+        # The first event opens the measuring window (start-up is not throughput).
+        samples_per_s = None
+        if self._samples_since and self._last_progress:
+            samples_per_s = self._samples_since * self.world_size / max(now - self._since, 1e-9)
+        self._samples_since, self._since, self._last_progress = 0, now, now
         self.monitor.push.remote("progress", samples_per_s=samples_per_s, **progress.to_dict())
 
     # --- saving -------------------------------------------------------------------------------
