@@ -27,7 +27,7 @@ from orchestrator.spec import JobSpec, resolve_spec
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 # Seconds between the driver's polls of the run monitor.
-POLL_INTERVAL_S = 0.5
+POLL_INTERVAL_S = 1.0
 
 Console = Callable[[str], None]
 

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0)
 class RunMonitor:
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []

@@ -12,6 +12,7 @@ import difflib
 import importlib
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -532,6 +533,10 @@ def _describe(value: Any) -> str:
 
 def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> JobSpec:
     """Load (if a path), apply dotted overrides, and validate. The one entry the CLI and API share."""
+    # class_paths name modules relative to where the user stands, as `python -m` would find them;
+    # the console script's own sys.path starts at its bin directory instead.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if isinstance(spec, JobSpec):
         if not overrides:
             return spec
