@@ -106,7 +106,7 @@ def reap_orphans() -> list[int]:
             continue
         session_dir = data.get("session_dir") or ""
         if session_dir:
-            for pid in _pids_of_session(session_dir):
+            for pid in session_pids(session_dir):
                 try:
                     os.kill(pid, signal.SIGKILL)
                     ended.append(pid)
@@ -135,7 +135,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _pids_of_session(session_dir: str) -> list[int]:
+def session_pids(session_dir: str) -> list[int]:
     """Live processes of one Ray session, found by what they hold, never by a broad name match.
 
     Ray's agents overwrite their command line ("ray::DashboardAgent"), so a process belongs to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from conftest import REPO, run_cli, wait_for
+from orchestrator.cluster import session_pids
 
 
 def _assert_user_error(result, *fragments):
@@ -44,50 +46,57 @@ def test_python_dash_m_and_help_work():
     assert result.returncode == 0 and "--resume-from" in result.stdout
 
 
-def _ray_pids() -> set[int]:
-    """Live Ray processes: a session directory in the command line, or Ray's "ray::" process titles."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
-                state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z" and ("/session_" in cmdline or cmdline.startswith("ray::")):
-                pids.add(int(entry))
-    return pids
+def _session_of_driver(state_dir, timeout: float) -> str:
+    """The Ray session directory an embedded driver recorded in its state file."""
+    def read():
+        for record in state_dir.glob("driver-*.json"):
+            return json.loads(record.read_text())["session_dir"]
+        return None
+
+    return wait_for(read, timeout=timeout)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_path):
-    before = _ray_pids()
-    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--set", "torch.max_epochs=2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    state_dir = tmp_path / "state"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
+         "--set", "torch.max_epochs=2"],
+        cwd=REPO, env={**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        session_dir = _session_of_driver(state_dir, timeout=120)
+        out, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, err[-3000:]
     assert "2 workers up, starting fresh" in out
     assert "epoch 2/2 done" in out and "samples/s" in out
     assert "run 'digits-torch' finished" in out and "weights_sha256" in out
-    assert "Traceback" not in out + result.stderr
+    assert "Traceback" not in out + err
     # Worker chatter stays in the run's logs, not in the terminal.
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) < 30, out
     assert os.path.exists(tmp_path / "digits-torch" / "logs" / "rank-0.log")
-    wait_for(lambda: not (_ray_pids() - before), timeout=30)
+    assert not list(state_dir.glob("driver-*.json")), "a clean exit removes its record"
+    wait_for(lambda: not session_pids(session_dir), timeout=30)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_path):
-    before = _ray_pids()
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests")}
+    state_dir = tmp_path / "state"
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests"), "ORCHESTRATOR_STATE_DIR": str(state_dir)}
     driver = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
          "--set", "torch.train_loop=faulty:slow_loop", "--set", "torch.max_epochs=50"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
+        session_dir = _session_of_driver(state_dir, timeout=120)
         for line in driver.stdout:
             if "checkpoint committed" in line:
                 break
@@ -97,12 +106,11 @@ def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_pat
         if driver.poll() is None:
             driver.kill()
     time.sleep(2)
-    orphans = _ray_pids() - before
+    orphans = session_pids(session_dir)
     assert orphans, "expected Ray's agents to outlive a SIGKILLed driver"
 
     result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--set", "torch.max_epochs=2",
-                     env={"PYTHONPATH": os.path.join(REPO, "tests")})
+                     env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "resuming from step" in result.stdout
-    wait_for(lambda: not (orphans & _ray_pids()), timeout=30)
-    wait_for(lambda: not (_ray_pids() - before), timeout=30)
+    wait_for(lambda: not session_pids(session_dir), timeout=30)
