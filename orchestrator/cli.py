@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume-from", dest="resume_from", help="latest | none | <checkpoint URI>")
     run.add_argument("--overwrite", action="store_true",
                      help="with --resume-from none: delete the run's existing checkpoints first")
+
+    ckpts = commands.add_parser("checkpoints", help="list a run's checkpoints and their status")
+    ckpts.add_argument("run", help="run name (under --storage) or run directory / URI")
+    ckpts.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
+    ckpts.add_argument("--verify", action="store_true", help="re-check every file's sha256")
     return parser
 
 
@@ -41,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return _run(args)
+        if args.command == "checkpoints":
+            return _checkpoints(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -70,6 +77,15 @@ def _run(args: argparse.Namespace) -> int:
 
     run(spec, address=args.address, overwrite=args.overwrite)
     return EXIT_OK
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    from orchestrator.inspect_checkpoints import show
+
+    text, infos = show(args.run, storage_uri=args.storage, verify=args.verify)
+    print(text)
+    # With --verify, a damaged checkpoint is worth a non-zero exit for scripts.
+    return EXIT_FAILED if args.verify and any(i.status != "committed" for i in infos) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -87,6 +87,15 @@ class ScalingSpec:
 
 
 @dataclass(frozen=True)
+class KeepBestSpec:
+    # Keep the K checkpoints with the best value of `monitor` (a metric in their manifests).
+    k: int
+    monitor: str
+    # min: lower is better (losses) | max: higher is better (accuracies)
+    mode: str = "min"
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     # Save every N optimizer steps (None: only at epoch ends and at the end of the run).
     every_n_steps: int | None = None
@@ -96,6 +105,8 @@ class CheckpointSpec:
     at_epoch_end: bool = True
     # Keep the newest K committed checkpoints (None: keep all). The newest is never deleted.
     keep_last: int | None = 3
+    # Also keep the best K by a metric; kept on top of keep_last (None: off).
+    keep_best: KeepBestSpec | None = None
     # Write checkpoints in the background; the training loop only waits for an in-memory copy.
     async_save: bool = True
 
@@ -371,8 +382,20 @@ def _checkpoint(raw: Any) -> CheckpointSpec:
         every_n_seconds=float(every_s) if every_s is not None else None,
         at_epoch_end=_bool(raw, "at_epoch_end", path, True),
         keep_last=_int(raw, "keep_last", path, 3, minimum=1),
+        keep_best=_keep_best(raw.get("keep_best")),
         async_save=_bool(raw, "async_save", path, True),
     )
+
+
+def _keep_best(raw: Any) -> KeepBestSpec | None:
+    if raw is None:
+        return None
+    path = "checkpoint.keep_best"
+    _mapping(raw, path)
+    _check_keys(raw, KeepBestSpec, path)
+    monitor = _require(raw, "monitor", path, str, example="val_loss")
+    return KeepBestSpec(k=_int(raw, "k", path, 1, minimum=1), monitor=monitor,
+                        mode=_choice(raw, "mode", path, ("min", "max"), "min"))
 
 
 def _failure(raw: Any) -> FailureSpec:

@@ -67,13 +67,13 @@ def _corrupt_garble_manifest(info):
         f.write("{not json")
 
 
-@pytest.mark.parametrize("corrupt,status", [
-    (_corrupt_truncate, "corrupt"),
-    (_corrupt_flip_byte, "committed"),  # sizes match: only the checksum finds it
-    (_corrupt_remove_manifest, "partial"),
-    (_corrupt_garble_manifest, "corrupt"),
+@pytest.mark.parametrize("corrupt,status,reason", [
+    (_corrupt_truncate, "corrupt", "has 10 bytes, manifest says"),
+    (_corrupt_flip_byte, "committed", "fails its sha256 check"),  # sizes match: only the checksum finds it
+    (_corrupt_remove_manifest, "partial", "no manifest"),
+    (_corrupt_garble_manifest, "corrupt", "unreadable manifest"),
 ], ids=["truncated file", "flipped byte", "missing manifest", "unreadable manifest"])
-def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_one_used(store, corrupt, status):
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_one_used(store, corrupt, status, reason):
     commit(store, 10)
     newest = commit(store, 20)
     corrupt(newest)
@@ -81,9 +81,12 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_
     selection = store.latest_loadable()
     assert selection.info.step == 10
     assert len(selection.skipped) == 1 and "step-000000020" in selection.skipped[0]
+    assert reason in selection.skipped[0]
     with pytest.raises(CheckpointError) as info:
         store.open_uri(newest.uri)
-    assert newest.uri in str(info.value) and "Fix" in str(info.value)
+    assert newest.uri in str(info.value) and reason in str(info.value) and "Fix" in str(info.value)
+    # the previous, intact checkpoint opens by its URI
+    assert store.open_uri(store.scan()[0].uri)[0].step == 10
 
 
 def test_an_uncommitted_temporary_folder_is_never_taken_for_a_checkpoint(store):
@@ -162,3 +165,45 @@ def test_the_store_works_the_same_on_s3(s3_server):
     store.retain(keep_last=1)
     assert [i.step for i in store.committed()] == [20]
     assert json.loads(storage.read_bytes(store.committed()[0].location.join("manifest.json")))["step"] == 20
+
+
+def test_keep_best_keeps_the_best_k_by_the_monitored_metric_on_top_of_keep_last(store):
+    losses = {10: 0.9, 20: 0.3, 30: 0.5, 40: 0.1, 50: 0.8, 60: 0.7}
+    for step, loss in losses.items():
+        m = manifest(step)
+        m.metrics = {"val_loss": loss}
+        store.commit(m, {"state.pt": dumps_state({"step": step})})
+    store.retain(keep_last=1, keep_best=(2, "val_loss", "min"))
+    assert [i.step for i in store.committed()] == [20, 40, 60]
+    store.retain(keep_last=1, keep_best=(1, "val_loss", "max"))
+    assert [i.step for i in store.committed()] == [60]  # the best of 20, 40, 60 by max is 60 itself
+
+
+def _sharded_save(store, world_size: int, writing_ranks, timeout_s: float):
+    import threading
+
+    m = Manifest(step=7, epoch=0, batch_in_epoch=7, world_size=world_size, kind="torch", files={})
+    threads = [threading.Thread(target=store.write_shard,
+                                args=(7, "tok", r, {f"shard-{r}.pt": dumps_state({"rank": r, "w": torch.ones(3) * r})}))
+               for r in writing_ranks]
+    for t in threads:
+        t.start()
+    try:
+        return store.commit_shards(m, "tok", timeout_s=timeout_s, poll_s=0.05)
+    finally:
+        for t in threads:
+            t.join()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_sharded_checkpoint_commits_only_when_every_rank_wrote_its_shard(store, s3_server, where):
+    if where == "s3":
+        store = CheckpointStore(storage.resolve(s3_server.format(prefix=f"sharded-{os.getpid()}/run")))
+    with pytest.raises(TimeoutError, match="shard-00002"):
+        _sharded_save(store, 4, [0, 1, 3], timeout_s=1.0)
+    assert store.committed() == []
+    assert store.latest_loadable().info is None
+    info = _sharded_save(store, 4, [0, 1, 2, 3], timeout_s=30)
+    files = store.read_files(store.committed()[-1])
+    assert info.step == 7 and sorted(files) == [f"shard-{r}.pt" for r in range(4)]
+    assert loads_state(files["shard-2.pt"], source="t")["rank"] == 2

@@ -114,3 +114,51 @@ def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_pat
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "resuming from step" in result.stdout
     wait_for(lambda: not session_pids(session_dir), timeout=30)
+
+
+def _spec_with_a_checkpoint(tmp_path, step=5):
+    """A torch spec whose run directory already holds one committed checkpoint (no Ray needed)."""
+    from orchestrator import storage
+    from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: prior\nstorage: {tmp_path}\ntorch: {{train_loop: 'jobs.digits_torch:train_loop', max_epochs: 1}}\n")
+    store = CheckpointStore(storage.resolve(str(tmp_path / "prior")))
+    info = store.commit(Manifest(step=step, epoch=0, batch_in_epoch=step, world_size=2, kind="torch", files={}),
+                        {"state.pt": dumps_state({"x": 1})})
+    return spec, info
+
+
+def test_resume_from_none_refuses_to_mix_with_existing_checkpoints(tmp_path):
+    spec, _ = _spec_with_a_checkpoint(tmp_path)
+    _assert_user_error(run_cli("run", str(spec), "--resume-from", "none"),
+                       "already has 1 checkpoint", "--overwrite", "new name")
+
+
+def test_resume_from_a_corrupt_checkpoint_uri_is_a_clear_error(tmp_path):
+    spec, info = _spec_with_a_checkpoint(tmp_path)
+    with open(os.path.join(info.location.path, "state.pt"), "ab") as f:
+        f.write(b"garbage")
+    _assert_user_error(run_cli("run", str(spec), "--resume-from", info.uri), info.uri, "corrupt",
+                       "bytes, manifest says", "Fix")
+
+
+def test_resume_from_a_checkpoint_of_another_kind_of_job_is_refused(tmp_path):
+    spec, _ = _spec_with_a_checkpoint(tmp_path)
+    text = spec.read_text().replace("torch: {train_loop: 'jobs.digits_torch:train_loop', max_epochs: 1}",
+                                    "lightning: {model: {class_path: jobs.digits.DigitsClassifier}, "
+                                    "data: {class_path: jobs.digits.DigitsData}, trainer: {max_epochs: 1}}")
+    spec.write_text(text)
+    _assert_user_error(run_cli("run", str(spec)), "'torch' job", "'lightning' job")
+
+
+def test_the_checkpoints_command_lists_status_and_verify_finds_damage(tmp_path):
+    _, info = _spec_with_a_checkpoint(tmp_path)
+    listing = run_cli("checkpoints", "prior", "--storage", str(tmp_path))
+    assert listing.returncode == 0 and "step-000000005" in listing.stdout and "committed" in listing.stdout
+    path = os.path.join(info.location.path, "state.pt")
+    data = bytearray(open(path, "rb").read())
+    data[3] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    verified = run_cli("checkpoints", str(tmp_path / "prior"), "--verify")
+    assert verified.returncode == 1 and "corrupt" in verified.stdout and "sha256" in verified.stdout

@@ -65,6 +65,8 @@ BAD_SPECS = [
     ("section not a mapping", with_(TORCH, "checkpoint", [1, 2]), ["checkpoint", "expected a mapping"]),
     ("negative checkpoint seconds", with_(TORCH, "checkpoint.every_n_seconds", -5), ["checkpoint.every_n_seconds", "-5", "positive"]),
     ("zero keep_last", with_(TORCH, "checkpoint.keep_last", 0), ["checkpoint.keep_last", "at least 1"]),
+    ("keep_best without monitor", with_(TORCH, "checkpoint.keep_best", {"k": 2}), ["checkpoint.keep_best.monitor", "required"]),
+    ("keep_best bad mode", with_(TORCH, "checkpoint.keep_best", {"k": 2, "monitor": "val_loss", "mode": "lowest"}), ["checkpoint.keep_best.mode", "min, max"]),
     ("non-boolean use_gpu", with_(TORCH, "scaling.use_gpu", "yes please"), ["scaling.use_gpu", "true or false"]),
     ("negative resource", with_(TORCH, "scaling.resources_per_worker", {"CPU": -1}), ["resources_per_worker.CPU", "non-negative"]),
     ("elastic range not yet supported", with_(TORCH, "scaling.num_workers", [1, 4]), ["[1, 4]", "elastic", "num_workers: 2"]),

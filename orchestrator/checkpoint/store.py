@@ -11,10 +11,12 @@ when one turns out partial or corrupt.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -105,24 +107,7 @@ class CheckpointStore:
         return [i for i in self.scan() if i.status == "committed"]
 
     def _inspect(self, name: str, step: int) -> CheckpointInfo:
-        loc = self.root.join(name)
-        manifest_loc = loc.join(MANIFEST_NAME)
-        if not storage.exists(manifest_loc):
-            return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
-        try:
-            manifest = Manifest.from_json(storage.read_bytes(manifest_loc))
-        except Exception as exc:
-            return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
-        info = CheckpointInfo(name, loc, step, "committed", manifest)
-        for fname, entry in manifest.files.items():
-            finfo = loc.fs.get_file_info(loc.join(fname).path)
-            if finfo.type == pafs.FileType.NotFound:
-                info.status, info.problem = "corrupt", f"file '{fname}' is missing"
-                break
-            if finfo.size != entry.size:
-                info.status, info.problem = "corrupt", f"file '{fname}' has {finfo.size} bytes, manifest says {entry.size}"
-                break
-        return info
+        return inspect_location(self.root.join(name), name, step)
 
     def read_files(self, info: CheckpointInfo) -> dict[str, bytes]:
         """Every file of a committed checkpoint, each checked against its manifest checksum."""
@@ -173,8 +158,7 @@ class CheckpointStore:
                 f"resume_from '{uri}': no checkpoint folder exists there. Fix: pick one listed by "
                 "`orchestrator checkpoints <run>` or use resume_from: latest."
             )
-        info = CheckpointStore(Location(loc.fs, os.path.dirname(loc.path), uri))._inspect(name, int(match.group(1)) if match else -1)
-        info.location = loc
+        info = inspect_location(loc, name, int(match.group(1)) if match else -1)
         try:
             return info, self.read_files(info)
         except CorruptCheckpoint as exc:
@@ -201,6 +185,52 @@ class CheckpointStore:
             os.rename(staging.path, final.path)
         else:
             self._write_all(final, manifest, files)
+        return CheckpointInfo(name, final, manifest.step, "committed", manifest)
+
+    # --- sharded state (FSDP/DeepSpeed): every rank writes its own shard -------------------------
+
+    def _staging(self, step: int, token: str) -> Location:
+        name = step_dir_name(step)
+        if self.root.is_local:
+            return self.root.join(f"{TMP_PREFIX}{name}-{token}")
+        return self.root.join(name)  # object stores: the manifest written last is the commit
+
+    def write_shard(self, step: int, token: str, rank: int, files: dict[str, bytes]) -> None:
+        """One rank's part of checkpoint `step`. `token` must be the same on every rank for this save."""
+        loc = self._staging(step, token)
+        storage.ensure_dir(loc)
+        entries = {}
+        for fname, data in files.items():
+            storage.write_bytes(loc.join(fname), data)
+            entries[fname] = {"size": len(data), "sha256": sha256_hex(data)}
+        # The shard's own receipt, written after its files: its presence means the shard is whole.
+        storage.write_atomic(loc.join(f"shard-{rank:05d}.json"), json.dumps(entries).encode())
+
+    def commit_shards(self, manifest: Manifest, token: str, *, timeout_s: float = 600.0,
+                      poll_s: float = 0.2) -> CheckpointInfo:
+        """Rank 0: once every rank's shard receipt is present, write the manifest and publish."""
+        loc = self._staging(manifest.step, token)
+        receipts = [loc.join(f"shard-{r:05d}.json") for r in range(manifest.world_size)]
+        deadline = time.monotonic() + timeout_s
+        while not all(storage.exists(r) for r in receipts):
+            if time.monotonic() > deadline:
+                missing = [r.path.rsplit("/", 1)[-1] for r in receipts if not storage.exists(r)]
+                raise TimeoutError(f"checkpoint step {manifest.step} not committed: shards {missing} "
+                                   f"still missing after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+        files = {}
+        for receipt in receipts:
+            for fname, entry in json.loads(storage.read_bytes(receipt)).items():
+                files[fname] = FileEntry(**entry)
+        manifest.files = files
+        manifest.versions = manifest.versions or library_versions()
+        storage.write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+        name = step_dir_name(manifest.step)
+        final = self.root.join(name)
+        if loc.is_local:
+            if os.path.exists(final.path):
+                self._remove_local(final.path)
+            os.rename(loc.path, final.path)
         return CheckpointInfo(name, final, manifest.step, "committed", manifest)
 
     def _write_all(self, loc: Location, manifest: Manifest, files: dict[str, bytes]) -> None:
@@ -233,20 +263,27 @@ class CheckpointStore:
                 info.location.fs.delete_file(manifest.path)
             info.location.fs.delete_dir(info.location.path)
 
-    def retain(self, keep_last: int | None) -> list[CheckpointInfo]:
-        """Delete committed checkpoints beyond the newest `keep_last`, and stale partial ones.
+    def retain(self, keep_last: int | None, keep_best: tuple[int, str, str] | None = None) -> list[CheckpointInfo]:
+        """Delete committed checkpoints that no rule keeps, and stale partial ones.
 
-        The newest committed checkpoint is never deleted. Partial folders older than it are
-        leftovers of interrupted writes; newer ones may be a write still in flight and are kept.
+        Kept: the newest `keep_last`, the best `k` by `monitor` (`mode` min or max) among those
+        whose manifest has that metric, and always the newest committed checkpoint. Partial
+        folders older than the newest are leftovers of interrupted writes; newer ones may be a
+        write still in flight and are kept.
         """
         infos = self.scan()
         committed = [i for i in infos if i.status == "committed"]
         if not committed:
             return []
         newest = committed[-1]
-        doomed = []
-        if keep_last is not None:
-            doomed += committed[: max(0, len(committed) - max(keep_last, 1))]
+        keep = {newest.name}
+        keep.update(i.name for i in (committed[-keep_last:] if keep_last is not None else committed))
+        if keep_best is not None:
+            k, monitor, mode = keep_best
+            scored = [i for i in committed if monitor in i.manifest.metrics]
+            scored.sort(key=lambda i: i.manifest.metrics[monitor], reverse=(mode == "max"))
+            keep.update(i.name for i in scored[:k])
+        doomed = [i for i in committed if i.name not in keep]
         doomed += [i for i in infos if i.status != "committed" and i.step < newest.step and not i.name.startswith(f"{TMP_PREFIX}deleting")]
         for info in doomed:
             try:
@@ -261,6 +298,27 @@ class CheckpointStore:
 
     def __iter__(self) -> Iterator[CheckpointInfo]:
         return iter(self.scan())
+
+
+def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
+    """Status of the checkpoint folder at `loc`, from its manifest and file sizes (checksums: read_files)."""
+    manifest_loc = loc.join(MANIFEST_NAME)
+    if not storage.exists(manifest_loc):
+        return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
+    try:
+        manifest = Manifest.from_json(storage.read_bytes(manifest_loc))
+    except Exception as exc:
+        return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
+    info = CheckpointInfo(name, loc, step, "committed", manifest)
+    for fname, entry in manifest.files.items():
+        finfo = loc.fs.get_file_info(loc.join(fname).path)
+        if finfo.type == pafs.FileType.NotFound:
+            info.status, info.problem = "corrupt", f"file '{fname}' is missing"
+            break
+        if finfo.size != entry.size:
+            info.status, info.problem = "corrupt", f"file '{fname}' has {finfo.size} bytes, manifest says {entry.size}"
+            break
+    return info
 
 
 def _tmp_step(name: str) -> int:

@@ -157,7 +157,8 @@ class WorkerSession:
     def _on_commit(self, info: CheckpointInfo) -> None:
         self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
                                  reason=info.manifest.reason if info.manifest else "")
-        self.store.retain(self.spec.checkpoint.keep_last)
+        best = self.spec.checkpoint.keep_best
+        self.store.retain(self.spec.checkpoint.keep_last, (best.k, best.monitor, best.mode) if best else None)
 
     def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
         """Rank 0: wait for the last write, then tell the driver how the run ended."""
@@ -166,11 +167,14 @@ class WorkerSession:
             self.writer.close()
             stall = self.writer.blocked_seconds
             last = self.writer.last_committed
-            self.monitor.push.remote(
+            # Waited for: the worker may be torn down as soon as this function returns, and a
+            # call still queued in it would be lost. Calls from one caller arrive in order, so
+            # the checkpoint events sent before this one are delivered too.
+            ray.get(self.monitor.push.remote(
                 "finished", weights_sha256=fingerprint, final_checkpoint=last.uri if last else None,
                 checkpoint_stall_s=stall, metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
                 **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
-            )
+            ), timeout=60)
         _flush_logs()
 
 
