@@ -33,7 +33,10 @@ class RunResult:
     # Worker-group starts after the first one (failures Ray Train recovered from).
     restarts: int = 0
     checkpoints_committed: int = 0
+    # Seconds the training loop was blocked by checkpointing (snapshot, gathers, hand-off).
     checkpoint_stall_s: float = 0.0
+    # Seconds spent after training waiting for the last checkpoint write to commit.
+    final_flush_s: float = 0.0
     error: str | None = None
 
     @property
@@ -76,6 +79,7 @@ class RunResult:
             restarts=max(0, len(groups) - 1),
             checkpoints_committed=len(checkpoints),
             checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
+            final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
             error=None if error is None else f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
         )
 

@@ -25,10 +25,10 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.session import Progress, Restored, WorkerSession
-from orchestrator.runtime.torch_loop import _snapshot
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -52,7 +52,7 @@ class OrchestratorCallback(Callback):
             self._pending_rng = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.session.count_samples(_batch_len(batch))
+        self.session.count_samples(batch_len(batch))
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self.progress.metrics["loss"] = float(loss.detach())
@@ -83,6 +83,10 @@ class OrchestratorCallback(Callback):
         self.progress.batch_in_epoch = batch_in_epoch
 
     def _save(self, trainer: pl.Trainer, reason: str) -> None:
+        with self.session.stalling():
+            self._snapshot_and_commit(trainer, reason)
+
+    def _snapshot_and_commit(self, trainer: pl.Trainer, reason: str) -> None:
         ranks = self.session.gather({"rng": capture_rng()})
         # Lightning's own checkpoint dict (model, optimizers, schedulers, loops and the stateful
         # loader's position); taken on every rank, as Trainer.save_checkpoint does.
@@ -91,7 +95,7 @@ class OrchestratorCallback(Callback):
             self.session.commit(self.progress, reason, dict)
             return
         checkpoint[RANKS_KEY] = ranks
-        snapshot = _snapshot(checkpoint)
+        snapshot = self.session.snapshot(checkpoint)
         self.session.commit(self.progress, reason, lambda: {CKPT_FILE: dumps_state(snapshot)})
 
 
@@ -191,13 +195,3 @@ def _metric_floats(metrics: dict[str, Any]) -> dict[str, float]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
     return out
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    return 0

@@ -6,6 +6,7 @@ in the collective steps (gathering per-rank state, agreeing that a time-based sa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
 from orchestrator.checkpoint.store import CorruptCheckpoint
+from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.spec import JobSpec
 
 log = logging.getLogger("orchestrator.worker")
@@ -74,6 +76,9 @@ class WorkerSession:
         self.writer = AsyncCheckpointWriter(
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 else None
+        self._buffers = SnapshotBuffers()
+        # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
+        self.stall_seconds = 0.0
         self.last_save_step = -1
         self.last_save_time = time.monotonic()
         self._last_progress = 0.0
@@ -135,6 +140,15 @@ class WorkerSession:
             due = due or bool(flag.item())
         return due and step != self.last_save_step
 
+    @contextlib.contextmanager
+    def stalling(self):
+        """Time a block of the training loop that exists only to checkpoint."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stall_seconds += time.perf_counter() - start
+
     def gather(self, local: Any) -> list[Any]:
         """Collect one object from every rank (e.g. RNG states), in rank order."""
         if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
@@ -142,6 +156,12 @@ class WorkerSession:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, local)
         return out
+
+    def snapshot(self, state: Any) -> Any:
+        """Rank 0: copy `state` for the writer, once the previous write no longer reads the buffers."""
+        assert self.writer is not None
+        self.writer.wait()
+        return self._buffers.take(state)
 
     def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]]) -> None:
         """Rank 0: hand a snapshot to the writer (asynchronous unless checkpoint.async is false)."""
@@ -162,17 +182,19 @@ class WorkerSession:
 
     def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
         """Rank 0: wait for the last write, then tell the driver how the run ended."""
-        stall = 0.0
         if self.writer is not None:
+            # Training is over here: waiting for the last write is reported, not counted as stall.
+            flush_start = time.perf_counter()
             self.writer.close()
-            stall = self.writer.blocked_seconds
+            final_flush = time.perf_counter() - flush_start
+            stall = self.stall_seconds
             last = self.writer.last_committed
             # Waited for: the worker may be torn down as soon as this function returns, and a
             # call still queued in it would be lost. Calls from one caller arrive in order, so
             # the checkpoint events sent before this one are delivered too.
             ray.get(self.monitor.push.remote(
                 "finished", weights_sha256=fingerprint, final_checkpoint=last.uri if last else None,
-                checkpoint_stall_s=stall, metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
+                checkpoint_stall_s=stall, final_flush_s=final_flush, metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
                 **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
             ), timeout=60)
         _flush_logs()

@@ -17,7 +17,6 @@ every rank's RNG) is saved together in one checkpoint and restored before the fi
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any, Iterator
 
@@ -27,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.sampling import ResumableDistributedSampler
@@ -141,16 +141,17 @@ class TrainContext:
 
     def save(self, reason: str = "manual") -> None:
         """Checkpoint now (every rank must call it). Rank 0 only blocks for an in-memory copy."""
-        ranks = self._session.gather({"rng": capture_rng()})
-        if self.rank != 0:
-            self._session.commit(self.progress, reason, dict)
-            return
-        snapshot = {
-            "objects": {name: _snapshot(_unwrap(obj).state_dict()) for name, obj in self._tracked.items()},
-            "progress": self.progress.to_dict(),
-            "ranks": ranks,
-        }
-        self._session.commit(self.progress, reason, lambda: {STATE_FILE: dumps_state(snapshot)})
+        with self._session.stalling():
+            ranks = self._session.gather({"rng": capture_rng()})
+            if self.rank != 0:
+                self._session.commit(self.progress, reason, dict)
+                return
+            snapshot = self._session.snapshot({
+                "objects": {name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()},
+                "progress": self.progress.to_dict(),
+                "ranks": ranks,
+            })
+            self._session.commit(self.progress, reason, lambda: {STATE_FILE: dumps_state(snapshot)})
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -199,8 +200,8 @@ class ResumableLoader:
             if ctx._steps_exhausted():
                 return
             ctx.progress.batch_in_epoch += 1
-            ctx._last_batch_size = _batch_len(batch)
-            yield _to_device(batch, ctx.device)
+            ctx._last_batch_size = batch_len(batch)
+            yield to_device(batch, ctx.device)
 
 
 def train_torch(session: WorkerSession) -> None:
@@ -225,16 +226,6 @@ def _unwrap(obj: Any) -> Any:
     return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
 
 
-def _snapshot(state: Any) -> Any:
-    """A copy training cannot change: tensors cloned to CPU, containers copied."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _snapshot(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_snapshot(v) for v in state)
-    return copy.deepcopy(state)
-
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     out = {}
@@ -244,22 +235,3 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
         out[key] = float(value)
     return out
 
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    return 0
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
