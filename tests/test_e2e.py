@@ -74,3 +74,23 @@ def test_the_plain_torch_job_is_deterministic_across_runs(tmp_path):
     assert first.global_step == 3 * 21  # 1297 samples / 2 ranks / 32 per batch -> 21 batches an epoch
     assert first.metrics["test_acc"] >= 0.85
     assert first.weights_sha256 == second.weights_sha256
+
+
+@pytest.mark.timeout(400)
+def test_a_run_on_s3_storage_checkpoints_and_resumes_there(tmp_path, s3_server):
+    """The same code path as local files, against a real S3-protocol server on loopback."""
+    storage_uri = s3_server.format(prefix=f"e2e-{os.getpid()}")
+    spec = torch_spec("on-s3", "unused")
+    spec["storage"] = storage_uri
+    spec["torch"]["max_epochs"] = 1
+    first = orchestrator.run(spec, console=None)
+    assert first.status == "finished" and first.final_checkpoint.startswith("s3://")
+    run_dir = storage.resolve(storage_uri).join("on-s3")
+    committed = CheckpointStore(run_dir).committed()
+    assert committed and committed[-1].uri == first.final_checkpoint
+    assert json.loads(storage.read_bytes(run_dir.join("summary.json")))["weights_sha256"] == first.weights_sha256
+
+    spec["torch"]["max_epochs"] = 2
+    second = orchestrator.run(spec, console=None)
+    assert second.resumed_from["uri"] == first.final_checkpoint
+    assert second.global_step == 2 * first.global_step
