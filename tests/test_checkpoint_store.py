@@ -207,3 +207,23 @@ def test_a_sharded_checkpoint_commits_only_when_every_rank_wrote_its_shard(store
     files = store.read_files(store.committed()[-1])
     assert info.step == 7 and sorted(files) == [f"shard-{r}.pt" for r in range(4)]
     assert loads_state(files["shard-2.pt"], source="t")["rank"] == 2
+
+
+def test_a_second_save_of_a_committed_step_keeps_the_committed_checkpoint(store):
+    first = commit(store, 10)
+    before = open(os.path.join(first.location.path, "manifest.json"), "rb").read()
+    again = store.commit(manifest(10), {"state.pt": dumps_state({"w": torch.zeros(2), "step": -1})})
+    assert again.uri == first.uri
+    assert open(os.path.join(first.location.path, "manifest.json"), "rb").read() == before
+    assert loaded_step(store) == 10
+    assert not [n for n in os.listdir(store.root.path) if n.startswith(TMP_PREFIX)], "no staging left behind"
+
+
+def test_an_interrupted_write_at_the_same_step_is_replaced_by_the_next_commit(store):
+    leftover = os.path.join(store.root.path, "step-000000010")
+    os.makedirs(leftover)
+    open(os.path.join(leftover, "state.pt"), "wb").write(b"half written")
+    assert [i.status for i in store.scan()] == ["partial"]
+    commit(store, 10)
+    assert [i.status for i in store.scan()] == ["committed"]
+    assert loaded_step(store) == 10

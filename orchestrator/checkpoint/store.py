@@ -18,8 +18,8 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow.fs as pafs
 
@@ -82,7 +82,7 @@ class CheckpointStore:
         self.root = run_dir.join(CHECKPOINTS_DIR)
 
     @classmethod
-    def for_run(cls, run_uri: str) -> "CheckpointStore":
+    def for_run(cls, run_uri: str) -> CheckpointStore:
         return cls(storage.resolve(run_uri))
 
     # --- reading -----------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class CheckpointStore:
                 info.status, info.problem = "corrupt", exc.reason
         return info
 
-    def latest_loadable(self) -> "Selection":
+    def latest_loadable(self) -> Selection:
         """The newest checkpoint that verifies, its files, and a warning for each one skipped."""
         skipped: list[str] = []
         for info in reversed(self.scan()):
@@ -176,16 +176,41 @@ class CheckpointStore:
         manifest.versions = manifest.versions or library_versions()
         name = step_dir_name(manifest.step)
         final = self.root.join(name)
+        existing = self._already_committed(final, name, manifest.step)
+        if existing is not None:
+            return existing
         storage.ensure_dir(self.root)
         if final.is_local:
             staging = self.root.join(f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
             self._write_all(staging, manifest, files)
-            if os.path.exists(final.path):  # an uncommitted or superseded leftover at the same step
-                self._remove_local(final.path)
-            os.rename(staging.path, final.path)
+            self._publish_local(staging, final)
         else:
             self._write_all(final, manifest, files)
         return CheckpointInfo(name, final, manifest.step, "committed", manifest)
+
+    def _already_committed(self, final: Location, name: str, step: int) -> CheckpointInfo | None:
+        """A whole checkpoint already committed at this step, which a new write must not replace.
+
+        Resume is exact, so a second save of step N holds the same training state; replacing the
+        first would open a window in which a crash leaves no checkpoint at step N at all.
+        """
+        info = inspect_location(final, name, step)
+        if info.status != "committed":
+            return None
+        log.info("checkpoint %s is already committed; keeping it", final.uri)
+        return info
+
+    def _publish_local(self, staging: Location, final: Location) -> None:
+        """Rename a fully written local folder into place (the commit).
+
+        Only a leftover that is not a committed checkpoint (an interrupted write at the same
+        step) can stand in the way; it is moved aside first, then removed.
+        """
+        if os.path.exists(final.path):
+            leftover = self._doomed_name(final)
+            os.rename(final.path, leftover)
+            self._remove_local(leftover)
+        os.rename(staging.path, final.path)
 
     # --- sharded state (FSDP/DeepSpeed): every rank writes its own shard -------------------------
 
@@ -197,6 +222,9 @@ class CheckpointStore:
 
     def write_shard(self, step: int, token: str, rank: int, files: dict[str, bytes]) -> None:
         """One rank's part of checkpoint `step`. `token` must be the same on every rank for this save."""
+        name = step_dir_name(step)
+        if self._already_committed(self.root.join(name), name, step) is not None:
+            return  # on an object store the shard would overwrite committed files in place
         loc = self._staging(step, token)
         storage.ensure_dir(loc)
         entries = {}
@@ -209,6 +237,11 @@ class CheckpointStore:
     def commit_shards(self, manifest: Manifest, token: str, *, timeout_s: float = 600.0,
                       poll_s: float = 0.2) -> CheckpointInfo:
         """Rank 0: once every rank's shard receipt is present, write the manifest and publish."""
+        name = step_dir_name(manifest.step)
+        final = self.root.join(name)
+        existing = self._already_committed(final, name, manifest.step)
+        if existing is not None:  # write_shard skipped it on every rank too
+            return existing
         loc = self._staging(manifest.step, token)
         receipts = [loc.join(f"shard-{r:05d}.json") for r in range(manifest.world_size)]
         deadline = time.monotonic() + timeout_s
@@ -225,12 +258,8 @@ class CheckpointStore:
         manifest.files = files
         manifest.versions = manifest.versions or library_versions()
         storage.write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
-        name = step_dir_name(manifest.step)
-        final = self.root.join(name)
         if loc.is_local:
-            if os.path.exists(final.path):
-                self._remove_local(final.path)
-            os.rename(loc.path, final.path)
+            self._publish_local(loc, final)
         return CheckpointInfo(name, final, manifest.step, "committed", manifest)
 
     def _write_all(self, loc: Location, manifest: Manifest, files: dict[str, bytes]) -> None:
@@ -251,7 +280,7 @@ class CheckpointStore:
         missing files.
         """
         if info.location.is_local:
-            doomed = f"{os.path.dirname(info.location.path)}/{TMP_PREFIX}deleting-{info.name}-{uuid.uuid4().hex[:6]}"
+            doomed = self._doomed_name(info.location)
             try:
                 os.rename(info.location.path, doomed)
             except FileNotFoundError:
@@ -284,13 +313,20 @@ class CheckpointStore:
             scored.sort(key=lambda i: i.manifest.metrics[monitor], reverse=(mode == "max"))
             keep.update(i.name for i in scored[:k])
         doomed = [i for i in committed if i.name not in keep]
-        doomed += [i for i in infos if i.status != "committed" and i.step < newest.step and not i.name.startswith(f"{TMP_PREFIX}deleting")]
+        doomed += [i for i in infos if i.status != "committed" and i.step < newest.step
+                   and not i.name.startswith(f"{TMP_PREFIX}deleting")]
         for info in doomed:
             try:
                 self.delete(info)
             except OSError as exc:  # a failed deletion must not stop training; the next pass retries
                 log.warning("could not delete checkpoint %s: %s", info.uri, exc)
         return doomed
+
+    @staticmethod
+    def _doomed_name(loc: Location) -> str:
+        """A local path out of readers' view to move a folder to before removing it."""
+        parent, name = os.path.split(loc.path.rstrip("/"))
+        return f"{parent}/{TMP_PREFIX}deleting-{name}-{uuid.uuid4().hex[:6]}"
 
     @staticmethod
     def _remove_local(path: str) -> None:
@@ -307,7 +343,7 @@ def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
         return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
     try:
         manifest = Manifest.from_json(storage.read_bytes(manifest_loc))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any unreadable manifest makes the checkpoint corrupt
         return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
     info = CheckpointInfo(name, loc, step, "committed", manifest)
     for fname, entry in manifest.files.items():

@@ -13,8 +13,9 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 import ray.train
@@ -23,7 +24,6 @@ import torch.distributed as dist
 
 from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
-from orchestrator.checkpoint.store import CorruptCheckpoint
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.spec import JobSpec
 
@@ -80,6 +80,8 @@ class WorkerSession:
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
+        # The checkpoint this worker group started from (None: a fresh start).
+        self.restored_uri: str | None = None
         self.last_save_time = time.monotonic()
         self._last_progress = 0.0
         self._samples_since = 0
@@ -90,6 +92,14 @@ class WorkerSession:
 
     def choose_checkpoint(self) -> Restored | None:
         """The newest checkpoint committed during this run (after a restart), else the driver's pick."""
+        restored = self._load_chosen_checkpoint()
+        if restored is not None:
+            # The state at that step is committed already: saving it again would only rewrite it.
+            self.last_save_step = restored.info.step
+            self.restored_uri = restored.info.uri
+        return restored
+
+    def _load_chosen_checkpoint(self) -> Restored | None:
         latest = ray.get(self.monitor.latest_checkpoint.remote())
         uri = latest["uri"] if latest else self.resume_uri
         if uri is None:
@@ -180,6 +190,21 @@ class WorkerSession:
         best = self.spec.checkpoint.keep_best
         self.store.retain(self.spec.checkpoint.keep_last, (best.k, best.monitor, best.mode) if best else None)
 
+    def abandon(self) -> None:
+        """The training loop raised: still commit the checkpoint already handed to the writer.
+
+        Its snapshot was taken before the error, so it is a valid state; losing it would throw
+        away work that was promised to the user. A failure of that write is only logged here,
+        so the loop's own exception is the one that reaches the driver.
+        """
+        if self.writer is None:
+            return
+        try:
+            self.writer.close()
+        except Exception as exc:  # noqa: BLE001 - the original error matters more
+            log.warning("the checkpoint in flight when training failed was not committed: %s", exc)
+        _flush_logs()
+
     def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
         """Rank 0: wait for the last write, then tell the driver how the run ended."""
         if self.writer is not None:
@@ -189,12 +214,14 @@ class WorkerSession:
             final_flush = time.perf_counter() - flush_start
             stall = self.stall_seconds
             last = self.writer.last_committed
+            final_checkpoint = last.uri if last else self.restored_uri
             # Waited for: the worker may be torn down as soon as this function returns, and a
             # call still queued in it would be lost. Calls from one caller arrive in order, so
             # the checkpoint events sent before this one are delivered too.
             ray.get(self.monitor.push.remote(
-                "finished", weights_sha256=fingerprint, final_checkpoint=last.uri if last else None,
-                checkpoint_stall_s=stall, final_flush_s=final_flush, metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
+                "finished", weights_sha256=fingerprint, final_checkpoint=final_checkpoint,
+                checkpoint_stall_s=stall, final_flush_s=final_flush,
+                metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
                 **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
             ), timeout=60)
         _flush_logs()

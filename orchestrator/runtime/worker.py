@@ -10,10 +10,11 @@ from orchestrator.runtime.session import WorkerSession
 def train_worker(config: dict[str, Any]) -> None:
     session = WorkerSession(config)
     if session.spec.kind == "lightning":
-        from orchestrator.runtime.lightning_fit import train_lightning
-
-        train_lightning(session)
+        from orchestrator.runtime.lightning_fit import train_lightning as harness
     else:
-        from orchestrator.runtime.torch_loop import train_torch
-
-        train_torch(session)
+        from orchestrator.runtime.torch_loop import train_torch as harness
+    try:
+        harness(session)
+    except BaseException:
+        session.abandon()
+        raise
