@@ -5,7 +5,7 @@
     print(result.status, result.metrics, result.weights_sha256)
 """
 
-from orchestrator.errors import CheckpointError, OrchestratorError, SpecError, TrainingFailed, UserError
+from orchestrator.errors import CheckpointError, OrchestratorError, RunStopped, SpecError, TrainingFailed, UserError
 from orchestrator.result import RunResult
 from orchestrator.spec import JobSpec, resolve_spec
 
@@ -19,5 +19,5 @@ def run(spec, **kwargs) -> RunResult:
     return _run(spec, **kwargs)
 
 
-__all__ = ["CheckpointError", "JobSpec", "OrchestratorError", "RunResult", "SpecError", "TrainingFailed",
-           "UserError", "resolve_spec", "run"]
+__all__ = ["CheckpointError", "JobSpec", "OrchestratorError", "RunResult", "RunStopped", "SpecError",
+           "TrainingFailed", "UserError", "resolve_spec", "run"]

@@ -1,4 +1,5 @@
-"""`orchestrator run SPEC [...]`. Exit codes: 0 success, 1 training failed, 2 user error.
+"""`orchestrator run SPEC [...]`. Exit codes: 0 success, 1 training failed, 2 user error,
+130 / 143 stopped by SIGINT / SIGTERM (the next run resumes from the newest checkpoint).
 
 User errors print one paragraph and no traceback; so do training failures (the worker logs
 hold the full traceback).
@@ -9,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.errors import OrchestratorError, TrainingFailed, UserError
+from orchestrator.errors import OrchestratorError, RunStopped, TrainingFailed, UserError
+from orchestrator.signals import EXIT_CODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR = 0, 1, 2
 
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RunStopped as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return EXIT_CODES.get(exc.signal_name, 130)
     except TrainingFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -12,14 +12,20 @@ import json
 import logging
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+from ray.exceptions import AuthenticationError
+
+from orchestrator.errors import UserError
 
 log = logging.getLogger(__name__)
 
 STATE_DIR_ENV_VAR = "ORCHESTRATOR_STATE_DIR"
+# Seconds to wait for a TCP answer from a Ray address before calling it unreachable.
+ADDRESS_CHECK_TIMEOUT_S = 5.0
 DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
 
 # Set before Ray starts so every Ray process inherits them.
@@ -46,8 +52,12 @@ def _state_dir() -> Path:
     return path
 
 
-def connect(address: str | None, *, worker_env: dict[str, str]) -> Connection:
-    """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`."""
+def connect(address: str | None) -> Connection:
+    """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`.
+
+    No runtime_env is given to ray.init: inside `ray job submit` Ray refuses one that shares a key
+    with the job's own runtime_env. The training workers get theirs from RunConfig instead.
+    """
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -57,16 +67,67 @@ def connect(address: str | None, *, worker_env: dict[str, str]) -> Connection:
     init_kwargs = dict(
         log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
         logging_level=logging.WARNING,
-        runtime_env={"env_vars": worker_env},
     )
     if address:
-        ray.init(address=address, **init_kwargs)
+        _join(address, init_kwargs)
         return Connection(False, address, _session_dir())
     reap_orphans()
     ray.init(include_dashboard=False, **init_kwargs)
     connection = Connection(True, "embedded", _session_dir())
     _record(connection)
     return connection
+
+
+def check_address(address: str | None) -> None:
+    """Fail fast, before any work, on an address no Ray cluster answers at.
+
+    ray.init itself retries an unreachable GCS for minutes, printing C++ warnings meanwhile.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address or address in ("auto", "local") or address.startswith("ray://"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise UserError(
+            f"Ray address '{address}' is an HTTP address (Ray's dashboard / Jobs API), but the driver "
+            "joins a cluster by its GCS address. Fix: pass HEAD_IP:6379 (or 'auto' on a cluster node); "
+            f"to submit from outside the cluster use `ray job submit --address {address} -- "
+            "orchestrator run SPEC` instead."
+        )
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UserError(f"Ray address '{address}' is not of the form HOST:PORT. Fix: pass the head node's "
+                        "GCS address, e.g. 10.0.0.1:6379, or 'auto' on a cluster node.")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(
+            f"no Ray cluster answers at '{address}' ({exc.strerror or exc}). Fix: start one there "
+            "(`ray start --head --port=6379`, or `ray up cluster.yaml`), correct the address, or leave "
+            "out --address and RAY_ADDRESS to start an embedded local cluster."
+        ) from None
+
+
+def _join(address: str, init_kwargs: dict) -> None:
+    """ray.init(address=...), with the usual ways it goes wrong turned into one-paragraph errors."""
+    try:
+        ray.init(address=address, **init_kwargs)
+    except AuthenticationError as exc:
+        raise UserError(
+            f"the Ray cluster at '{address}' refused this client's authentication token ({_first_line(exc)}). "
+            "Fix: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the contents of ~/.ray/auth_token on "
+            "the head node> (or RAY_AUTH_TOKEN_PATH=<a file holding it>)."
+        ) from None
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise UserError(
+            f"could not connect to a Ray cluster at '{address}': {_first_line(exc)}. Fix: check that the "
+            "cluster is up (`ray status --address ADDRESS`) and that ADDRESS is its GCS address "
+            "(HEAD_IP:6379), or leave out --address and RAY_ADDRESS to start an embedded local cluster."
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def disconnect(connection: Connection) -> None:
@@ -80,7 +141,7 @@ def disconnect(connection: Connection) -> None:
 
 def _session_dir() -> str:
     try:
-        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+        return ray._private.worker._global_node.get_session_dir_path()
     except AttributeError:  # connected as a client, no local node
         return ""
 
@@ -102,7 +163,7 @@ def reap_orphans() -> list[int]:
         except (OSError, ValueError):
             record.unlink(missing_ok=True)
             continue
-        if _alive(data.get("pid", -1)):
+        if is_alive(data.get("pid", -1)):
             continue
         session_dir = data.get("session_dir") or ""
         if session_dir:
@@ -118,7 +179,7 @@ def reap_orphans() -> list[int]:
     return ended
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -145,7 +206,7 @@ def session_pids(session_dir: str) -> list[int]:
     session_dir = os.path.realpath(session_dir.rstrip("/"))
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid() or not _alive(int(entry)):
+        if not entry.isdigit() or int(entry) == os.getpid() or not is_alive(int(entry)):
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:

@@ -36,3 +36,17 @@ class CheckpointError(UserError):
 
 class TrainingFailed(OrchestratorError):
     """Training started but did not finish (a worker raised, or failures exceeded the budget)."""
+
+
+class RunStopped(OrchestratorError):
+    """The run was stopped from outside (Ctrl-C, `ray job stop`, SIGTERM) before it finished.
+
+    Nothing committed is lost: the same command resumes from the newest committed checkpoint.
+    """
+
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
+        super().__init__(message)
+        self.signal_name = signal_name
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.signal_name))

@@ -10,7 +10,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -18,11 +19,12 @@ from ray.train.torch import TorchTrainer
 
 from orchestrator import cluster, resume, storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.errors import TrainingFailed, UserError
+from orchestrator.errors import RunStopped, TrainingFailed
 from orchestrator.monitor import RunMonitor
 from orchestrator.result import RunResult, write_summary
 from orchestrator.runtime.session import local_log_dir
 from orchestrator.runtime.worker import train_worker
+from orchestrator.signals import StopSignals
 from orchestrator.spec import JobSpec, resolve_spec
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
@@ -45,6 +47,7 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     """
     say = console or (lambda line: None)
     job = resolve_spec(spec, _flatten_overrides(overrides))
+    cluster.check_address(address)
     run_dir = storage.resolve(job.storage).join(job.name)
     storage.ensure_dir(run_dir)
     store = CheckpointStore(run_dir)
@@ -61,34 +64,39 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
 
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
-    connection = cluster.connect(address, worker_env=worker_env)
+    connection = cluster.connect(address)
     try:
         monitor = RunMonitor.remote()
         trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor, worker_env)
         watcher = _ProgressPrinter(monitor, job, say)
         watcher.start()
         error: BaseException | None = None
+        signals = StopSignals()
         try:
-            trainer.fit()
-        except BaseException as exc:  # reported below with the worker's own message
+            with signals.installed():
+                trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the worker's own message
             error = exc
         finally:
             watcher.stop()
-        events = ray.get(monitor.events_since.remote(0))
+        stopped_by = signals.stopped_by(error)
+        result = RunResult.from_events(job, run_dir, ray.get(monitor.events_since.remote(0)), choice,
+                                       wall_seconds=time.time() - started, error=error, stopped_by=stopped_by)
+        # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
+        write_summary(run_dir, result)
     finally:
         cluster.disconnect(connection)
 
-    result = RunResult.from_events(job, run_dir, events, choice, wall_seconds=time.time() - started, error=error)
-    write_summary(run_dir, result)
+    if stopped_by:
+        raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
     if error is not None:
-        if isinstance(error, KeyboardInterrupt):
-            raise error
         raise TrainingFailed(_failure_message(job, error, run_dir))
     say(result.describe())
     return result
 
 
-def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor, worker_env: dict[str, str]) -> TorchTrainer:
+def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
+                   worker_env: dict[str, str]) -> TorchTrainer:
     scaling = job.scaling
     resources = dict(scaling.resources_per_worker)
     if scaling.use_gpu:
@@ -123,7 +131,9 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor, 
 
 def _worker_pythonpath() -> str:
     """Let workers import the user's modules the way the driver does (from the current directory)."""
-    parts = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p]]
+    # Absolute: Ray may start workers in another directory (a job's unpacked working_dir).
+    own = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p]
+    parts = [os.getcwd(), *own]
     existing = os.environ.get("PYTHONPATH")
     if existing:
         parts.append(existing)
@@ -154,7 +164,7 @@ def _failure_message(job: JobSpec, error: BaseException, run_dir) -> str:
     root = error
     worker_failures = getattr(error, "worker_failures", None)
     if worker_failures:
-        rank, root = sorted(worker_failures.items())[0]
+        _, root = sorted(worker_failures.items())[0]
     text = str(root).strip()
     # Keep the user's exception line, not the whole remote traceback.
     lines = [line for line in text.splitlines() if line.strip()]
@@ -162,6 +172,13 @@ def _failure_message(job: JobSpec, error: BaseException, run_dir) -> str:
     logs = local_log_dir(run_dir.uri) or "Ray's worker logs (ray logs)"
     return (f"run '{job.name}' failed: {tail}. Worker logs: {logs}. The newest committed checkpoint is kept; "
             "fix the cause and run the same command again to resume from it.")
+
+
+def _stopped_message(job: JobSpec, signal_name: str, result: RunResult) -> str:
+    kept = (f"the newest committed checkpoint is {result.final_checkpoint}" if result.final_checkpoint
+            else "no checkpoint was committed yet")
+    return (f"run '{job.name}' stopped by {signal_name} after step {result.global_step}; {kept}. "
+            "Run the same command again to resume from the newest committed checkpoint.")
 
 
 class _ProgressPrinter:

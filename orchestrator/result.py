@@ -15,7 +15,7 @@ SUMMARY_NAME = "summary.json"
 @dataclass
 class RunResult:
     name: str
-    # finished | failed | already_finished
+    # finished | failed | stopped (by a signal: Ctrl-C, ray job stop) | already_finished
     status: str
     run_dir: str
     world_size: int
@@ -49,7 +49,7 @@ class RunResult:
 
     @classmethod
     def from_events(cls, job, run_dir: Location, events: list[dict[str, Any]], choice, *, wall_seconds: float,
-                    error: BaseException | None) -> "RunResult":
+                    error: BaseException | None, stopped_by: str | None = None) -> RunResult:
         starts = [e for e in events if e["kind"] == "worker_started"]
         groups: list[list[dict[str, Any]]] = []
         for event in starts:
@@ -64,13 +64,14 @@ class RunResult:
         last_group = sorted(groups[-1], key=lambda e: e["rank"]) if groups else []
         return cls(
             name=job.name,
-            status="failed" if error is not None or finished is None else "finished",
+            status=_status(error, finished, stopped_by),
             run_dir=run_dir.uri,
             world_size=last_group[0]["world_size"] if last_group else job.scaling.num_workers,
             global_step=int(source.get("step", 0)),
             epochs=int(source.get("epoch", 0)),
             metrics=dict(source.get("metrics", {})),
-            final_checkpoint=(finished or {}).get("final_checkpoint") or (checkpoints[-1]["uri"] if checkpoints else None),
+            final_checkpoint=((finished or {}).get("final_checkpoint")
+                              or (checkpoints[-1]["uri"] if checkpoints else None)),
             weights_sha256=(finished or {}).get("weights_sha256"),
             wall_seconds=round(wall_seconds, 3),
             resumed_from=choice.to_dict(),
@@ -80,14 +81,14 @@ class RunResult:
             checkpoints_committed=len(checkpoints),
             checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
             final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
-            error=None if error is None else f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
+            error=_error_line(error, stopped_by),
         )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def load(cls, run_dir: Location) -> "RunResult | None":
+    def load(cls, run_dir: Location) -> RunResult | None:
         loc = run_dir.join(SUMMARY_NAME)
         if not storage.exists(loc):
             return None
@@ -108,6 +109,21 @@ class RunResult:
             f"  weights_sha256: {self.weights_sha256}\n"
             f"  summary: {self.summary_path}"
         )
+
+
+def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None) -> str:
+    if stopped_by:
+        return "stopped"
+    return "failed" if error is not None or finished is None else "finished"
+
+
+def _error_line(error: BaseException | None, stopped_by: str | None) -> str | None:
+    if stopped_by:
+        return f"stopped by {stopped_by}"
+    if error is None:
+        return None
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 def write_summary(run_dir: Location, result: RunResult) -> None:
