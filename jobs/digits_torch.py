@@ -33,7 +33,7 @@ def train_loop(ctx) -> None:
     loader = ctx.data_loader(load_split("train"), batch_size=cfg.get("batch_size", 32))  # ctx: sharded, resumable
     ctx.track(model=model, optimizer=optimizer, scheduler=scheduler)              # ctx: saved and restored
 
-    for epoch in ctx.epochs():                                                    # ctx: resumes at the right epoch
+    for _epoch in ctx.epochs():                                                   # ctx: resumes at the right epoch
         model.train()
         for x, y in loader:
             optimizer.zero_grad()

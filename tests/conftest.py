@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+
+# Every Ray node the tests start binds to loopback only: with this set (before Ray is imported),
+# Ray takes 127.0.0.1 as the node address instead of the machine's network interface.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 import socket
 import subprocess
 import sys
@@ -63,3 +68,23 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise TimeoutError(f"condition not met within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def clean_torch(tmp_path_factory):
+    """The uninterrupted torch run (specs.torch_spec) every interrupted one is compared with."""
+    from specs import torch_spec
+
+    import orchestrator
+
+    return orchestrator.run(torch_spec("clean", tmp_path_factory.mktemp("clean-torch")), console=None)
+
+
+@pytest.fixture(scope="session")
+def clean_lightning(tmp_path_factory):
+    """The uninterrupted Lightning run (specs.lightning_spec) every interrupted one is compared with."""
+    from specs import lightning_spec
+
+    import orchestrator
+
+    return orchestrator.run(lightning_spec("clean", tmp_path_factory.mktemp("clean-lightning")), console=None)

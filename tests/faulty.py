@@ -46,15 +46,40 @@ class KilledOnceClassifier(DigitsClassifier):
         _kill_once(marker, self.trainer.global_step, kill_at, self.global_rank, kill_rank)
 
 
+def _mark(marker: str | None, step: int, at: int | None, rank: int) -> None:
+    """Rank 0 writes `marker` once step `at` is done, so a test can interrupt the run right there."""
+    if marker and step == at and rank == 0 and not Path(marker).exists():
+        Path(marker).write_text(str(step))
+
+
 def slow_loop(ctx) -> None:
-    """A loop that trains slowly enough to be interrupted from outside (driver kill tests)."""
+    """jobs.digits_torch's loop, slowed down so it can be interrupted from outside (driver kill,
+    ray job stop); with `mark_at` and `marker` in its config it announces that step."""
     import time
 
+    sleep_s = ctx.config.pop("sleep_s", 0.2)
+    marker, mark_at = ctx.config.pop("marker", None), ctx.config.pop("mark_at", None)
     original_step = ctx.step
 
     def step(**metrics):
-        time.sleep(ctx.config.get("sleep_s", 0.2))
+        time.sleep(sleep_s)
         original_step(**metrics)
+        _mark(marker, ctx.global_step, mark_at, ctx.rank)
 
     ctx.step = step
     digits_train_loop(ctx)
+
+
+class SlowClassifier(DigitsClassifier):
+    """The quickstart model, slowed down; rank 0 writes `marker` after optimizer step `mark_at`."""
+
+    def __init__(self, sleep_s: float = 0.2, marker: str | None = None, mark_at: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self._slow = (sleep_s, marker, mark_at)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        import time
+
+        sleep_s, marker, mark_at = self._slow
+        time.sleep(sleep_s)
+        _mark(marker, self.trainer.global_step, mark_at, self.global_rank)

@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, run_cli, wait_for
+
 from orchestrator.cluster import session_pids
 
 
@@ -162,3 +162,17 @@ def test_the_checkpoints_command_lists_status_and_verify_finds_damage(tmp_path):
     open(path, "wb").write(bytes(data))
     verified = run_cli("checkpoints", str(tmp_path / "prior"), "--verify")
     assert verified.returncode == 1 and "corrupt" in verified.stdout and "sha256" in verified.stdout
+
+
+@pytest.mark.parametrize("address,fragments", [
+    ("http://127.0.0.1:8265", ["HTTP address", "GCS address", "ray job submit --address http://127.0.0.1:8265"]),
+    ("127.0.0.1:{closed_port}", ["no Ray cluster answers at '127.0.0.1:", "ray start --head"]),
+    ("headnode", ["'headnode' is not of the form HOST:PORT"]),
+], ids=["dashboard address", "nothing listening", "no port"])
+def test_a_wrong_ray_address_exits_2_before_anything_starts(tmp_path, address, fragments):
+    from conftest import free_port
+
+    address = address.format(closed_port=free_port())
+    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--address", address, timeout=60)
+    _assert_user_error(result, *fragments, "Fix")
+    assert not (tmp_path / "digits-torch").exists(), "nothing is written for a run that cannot start"

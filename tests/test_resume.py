@@ -15,47 +15,18 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, run_cli, wait_for
+from specs import STEPS_PER_EPOCH, lightning_spec, torch_spec
 
 import orchestrator
-from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
-# A random step each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one.
+# Random steps each run; set ORCHESTRATOR_TEST_KILL_STEP / ORCHESTRATOR_TEST_DRIVER_KILL_STEP to replay one.
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))
-
-
-def torch_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None, every=10):
-    config = {"hidden": 64, "lr": 0.05, "batch_size": 32}
-    if fault:
-        config["fault"] = fault
-    return {
-        "name": name, "storage": str(storage_dir), "seed": 0,
-        "torch": {"train_loop": loop, "max_epochs": 3, "config": config},
-        "scaling": {"num_workers": 2},
-        "checkpoint": {"every_n_steps": every, "keep_last": 2},
-        "failure": {"max_failures": 2},
-    }
-
-
-def lightning_spec(name, storage_dir, model_class="jobs.digits.DigitsClassifier", **model_args):
-    return {
-        "name": name, "storage": str(storage_dir), "seed": 0,
-        "lightning": {
-            "model": {"class_path": model_class, "init_args": {"hidden": 64, "lr": 0.002, **model_args}},
-            "data": {"class_path": "jobs.digits.DigitsData", "init_args": {"batch_size": 32}},
-            "trainer": {"max_epochs": 3},
-        },
-        "scaling": {"num_workers": 2},
-        "checkpoint": {"every_n_steps": 10, "keep_last": 2},
-        "failure": {"max_failures": 2},
-    }
-
-
-@pytest.fixture(scope="module")
-def clean_torch(tmp_path_factory):
-    """The uninterrupted torch run every interrupted one is compared with."""
-    return orchestrator.run(torch_spec("clean", tmp_path_factory.mktemp("clean")), console=None)
+# Late enough that a checkpoint (every 10 steps) is committed before the driver dies, and early
+# enough that the workers, which outlive a killed driver by a second or two, do not finish the run.
+DRIVER_KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_DRIVER_KILL_STEP", random.Random().randint(12, 45)))
 
 
 @pytest.mark.timeout(500)
@@ -70,8 +41,8 @@ def test_torch_job_killed_at_a_random_step_resumes_to_identical_weights(tmp_path
 
 
 @pytest.mark.timeout(500)
-def test_lightning_job_killed_at_a_random_step_resumes_to_identical_weights(tmp_path):
-    clean = orchestrator.run(lightning_spec("clean", tmp_path), console=None)
+def test_lightning_job_killed_at_a_random_step_resumes_to_identical_weights(tmp_path, clean_lightning):
+    clean = clean_lightning
     killed = orchestrator.run(lightning_spec("killed", tmp_path, "faulty.KilledOnceClassifier",
                                              kill_at=KILL_STEP, marker=str(tmp_path / "kill-marker")), console=None)
     assert (tmp_path / "kill-marker").exists(), "the fault was never injected"
@@ -86,7 +57,7 @@ def test_a_finished_run_continues_when_the_spec_asks_for_more_and_resume_from_ur
     short = torch_spec("grow", tmp_path)
     short["torch"]["max_epochs"] = 1
     first = orchestrator.run(short, console=None)
-    assert first.status == "finished" and first.global_step == 21
+    assert first.status == "finished" and first.global_step == STEPS_PER_EPOCH
     one_epoch_checkpoint = first.final_checkpoint
 
     picked_spec = torch_spec("picked", tmp_path)
@@ -102,34 +73,45 @@ def test_a_finished_run_continues_when_the_spec_asks_for_more_and_resume_from_ur
     assert grown.weights_sha256 == clean_torch.weights_sha256
 
 
-@pytest.mark.timeout(500)
-def test_a_sigkilled_driver_re_submitted_ends_with_identical_weights(tmp_path, clean_torch):
+def _kill_driver_at_its_marker(spec: dict, path, marker) -> None:
+    """Run the spec through the CLI and SIGKILL the driver as soon as the job writes its marker."""
     import yaml
 
-    spec = torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop")
-    spec["checkpoint"]["every_n_steps"] = 7
-    path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests")}
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(path)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        commits = 0
-        for line in driver.stdout:
-            commits += "checkpoint committed" in line
-            if commits == 3:  # a few checkpoints in, mid-epoch, with a write possibly in flight
-                break
-        driver.send_signal(signal.SIGKILL)
+        wait_for(lambda: marker.exists() or driver.poll() is not None, timeout=240, interval=0.05)
+        assert driver.poll() is None, "the run ended before the driver could be killed"
+        driver.send_signal(signal.SIGKILL)  # mid-epoch, with a checkpoint write possibly in flight
         driver.wait(timeout=30)
     finally:
         if driver.poll() is None:
             driver.kill()
 
-    spec["torch"]["train_loop"] = "jobs.digits_torch:train_loop"  # the same training, without the sleeps
-    path.write_text(yaml.safe_dump(spec))
-    result = run_cli("run", str(path), env=env)
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("kind", ["torch", "lightning"])
+def test_a_sigkilled_driver_re_submitted_ends_with_identical_weights(tmp_path, kind, request):
+    import yaml
+
+    marker = tmp_path / "marker"
+    if kind == "torch":
+        slow = torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop", sleep_s=0.2,
+                          marker=str(marker), mark_at=DRIVER_KILL_STEP)
+        again = torch_spec("driver-killed", tmp_path)  # the same training, without the sleeps
+    else:
+        slow = lightning_spec("driver-killed", tmp_path, "faulty.SlowClassifier", sleep_s=0.2,
+                              marker=str(marker), mark_at=DRIVER_KILL_STEP)
+        again = lightning_spec("driver-killed", tmp_path, "faulty.SlowClassifier", sleep_s=0.0)
+    _kill_driver_at_its_marker(slow, tmp_path / "job.yaml", marker)
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(again))
+    result = run_cli("run", str(tmp_path / "job.yaml"), env={"PYTHONPATH": os.path.join(REPO, "tests")})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "resuming from step" in result.stdout
+    assert "resuming from step" in result.stdout, f"driver killed at step {DRIVER_KILL_STEP}"
     summary = json.loads((tmp_path / "driver-killed" / "summary.json").read_text())
-    assert summary["resumed_from"]["step"] >= 14
-    assert summary["weights_sha256"] == clean_torch.weights_sha256
+    assert 10 <= summary["resumed_from"]["step"] < 3 * STEPS_PER_EPOCH
+    clean = request.getfixturevalue(f"clean_{kind}")
+    assert summary["weights_sha256"] == clean.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"
