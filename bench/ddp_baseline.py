@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.workload import build_dataset, build_model  # noqa: E402
+from bench.workload import build_dataset, build_model
 
 
 def main() -> None:

@@ -14,7 +14,10 @@ from orchestrator.spec import DEFAULT_STORAGE
 def locate_run(name_or_dir: str, storage_uri: str | None) -> storage.Location:
     """A run directory from a path/URI, or from a run name under --storage (default ~/orchestrator-runs)."""
     looks_like_path = "/" in name_or_dir or "://" in name_or_dir or os.path.isdir(name_or_dir)
-    loc = storage.resolve(name_or_dir) if looks_like_path else storage.resolve(storage_uri or DEFAULT_STORAGE).join(name_or_dir)
+    if looks_like_path:
+        loc = storage.resolve(name_or_dir)
+    else:
+        loc = storage.resolve(storage_uri or DEFAULT_STORAGE).join(name_or_dir)
     if not storage.exists(loc):
         raise UserError(
             f"run '{name_or_dir}' was not found at {loc.uri}. Fix: pass the run directory, or the run's "
@@ -37,7 +40,7 @@ def table(infos: list[CheckpointInfo]) -> str:
             _size(info.size_bytes) if m else "-", status, metrics,
         ))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     return "\n".join(lines)
 
 

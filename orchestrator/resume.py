@@ -78,7 +78,10 @@ def is_finished(spec: JobSpec, manifest: Manifest | None) -> bool:
     """Whether the checkpoint already reached the spec's limits (so there is nothing left to train)."""
     if manifest is None:
         return False
-    limits = spec.lightning.trainer if spec.lightning else {"max_epochs": spec.torch.max_epochs, "max_steps": spec.torch.max_steps}
+    if spec.lightning:
+        limits = spec.lightning.trainer
+    else:
+        limits = {"max_epochs": spec.torch.max_epochs, "max_steps": spec.torch.max_steps}
     max_epochs, max_steps = limits.get("max_epochs"), limits.get("max_steps")
     if max_steps is not None and max_steps >= 0 and manifest.step >= max_steps:
         return True

@@ -13,9 +13,10 @@ import importlib
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -298,7 +299,7 @@ def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:
     from lightning.pytorch import Trainer
 
     valid = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
-    for key, value in trainer.items():
+    for key in trainer:
         if key in OWNED_TRAINER_ARGS:
             raise SpecError(
                 f"field '{path}.{key}': the orchestrator sets this Trainer argument itself "
@@ -323,7 +324,8 @@ def _torch(raw: Any, check_imports: bool) -> TorchSpec:
     if check_imports:
         func = import_object(loop, f"{path}.train_loop")
         if not callable(func):
-            raise SpecError(f"field '{path}.train_loop': {loop!r} is {_describe(func)}, not a function. Fix: name a function train_loop(ctx).")
+            raise SpecError(f"field '{path}.train_loop': {loop!r} is {_describe(func)}, not a function. "
+                            "Fix: name a function train_loop(ctx).")
     config = dict(_optional(raw, "config", path, dict, {}))
     max_epochs = _int(raw, "max_epochs", path, None, minimum=1)
     max_steps = _int(raw, "max_steps", path, None, minimum=1)
@@ -410,9 +412,11 @@ def _env(raw: Any) -> dict[str, str]:
     env = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise SpecError(f"field 'env': {key!r} is not a valid environment variable name. Fix: use letters, digits and '_'.")
+            raise SpecError(f"field 'env': {key!r} is not a valid environment variable name. "
+                            "Fix: use letters, digits and '_'.")
         if isinstance(value, (dict, list)) or value is None:
-            raise SpecError(f"field 'env.{key}': got {_describe(value)}; environment values must be strings or numbers. Fix: quote it, e.g. {key}: \"1\".")
+            raise SpecError(f"field 'env.{key}': got {_describe(value)}; environment values must be strings "
+                            f"or numbers. Fix: quote it, e.g. {key}: \"1\".")
         env[key] = str(value).lower() if isinstance(value, bool) else str(value)
     return env
 
@@ -421,13 +425,15 @@ def _class_ref(raw: dict[str, Any], path: str, check_imports: bool) -> ClassRef:
     allowed = ("class_path", "init_args")
     for key in raw:
         if key not in allowed:
-            raise SpecError(f"field '{path}.{key}' is not a valid key{_nearest(key, allowed)}. Valid keys: class_path, init_args.")
+            raise SpecError(f"field '{path}.{key}' is not a valid key{_nearest(key, allowed)}. "
+                            "Valid keys: class_path, init_args.")
     class_path = _require(raw, "class_path", path, str, example="jobs.digits.DigitsClassifier")
     init_args = _optional(raw, "init_args", path, dict, {})
     if check_imports:
         obj = import_object(class_path, f"{path}.class_path")
         if not isinstance(obj, type):
-            raise SpecError(f"field '{path}.class_path': {class_path!r} is {_describe(obj)}, not a class. Fix: name the class itself.")
+            raise SpecError(f"field '{path}.class_path': {class_path!r} is {_describe(obj)}, not a class. "
+                            "Fix: name the class itself.")
     return ClassRef(class_path=class_path, init_args=dict(init_args))
 
 
@@ -455,7 +461,7 @@ def import_object(dotted: str, field_path: str) -> Any:
             f"field '{field_path}': module '{module_name}' was found but importing it failed: {exc}. "
             f"Fix: install the missing dependency '{exc.name}'."
         ) from None
-    except Exception as exc:  # the user's module raised while importing
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
         raise SpecError(
             f"field '{field_path}': importing module '{module_name}' raised {type(exc).__name__}: {exc}. "
             "Fix: make the module importable (run `python -c \"import "
@@ -491,7 +497,8 @@ def _nearest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
 def _mapping(raw: Any, path: str) -> None:
     if not isinstance(raw, Mapping):
-        raise SpecError(f"field '{path}': got {_describe(raw)}, expected a mapping of fields. Fix: write '{path}:' followed by indented 'key: value' lines.")
+        raise SpecError(f"field '{path}': got {_describe(raw)}, expected a mapping of fields. "
+                        f"Fix: write '{path}:' followed by indented 'key: value' lines.")
 
 
 def _require(raw: Mapping[str, Any], key: str, path: str, kind: type, example: str | None = None) -> Any:
@@ -512,7 +519,8 @@ def _typed(value: Any, where: str, kind: Any) -> Any:
     if not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         expected = {"dict": "a mapping", "str": "a string", "list": "a list"}.get(names, names)
-        raise SpecError(f"field '{where}': got {_describe(value)}, expected {expected}. Fix: give '{where}' {expected}.")
+        raise SpecError(f"field '{where}': got {_describe(value)}, expected {expected}. "
+                        f"Fix: give '{where}' {expected}.")
     return value
 
 
@@ -522,9 +530,11 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None, minim
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"field '{where}': got {_describe(value)}, expected a whole number >= {minimum}. Fix: e.g. {key}: {max(minimum, 1) if default is None else default}.")
+        raise SpecError(f"field '{where}': got {_describe(value)}, expected a whole number >= {minimum}. "
+                        f"Fix: e.g. {key}: {max(minimum, 1) if default is None else default}.")
     if value < minimum:
-        raise SpecError(f"field '{where}': got {value}, but it must be at least {minimum}. Fix: set {where} to {minimum} or more.")
+        raise SpecError(f"field '{where}': got {value}, but it must be at least {minimum}. "
+                        f"Fix: set {where} to {minimum} or more.")
     return value
 
 
@@ -533,7 +543,8 @@ def _bool(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise SpecError(f"field '{path}.{key}': got {_describe(value)}, expected true or false. Fix: write {key}: {str(default).lower()}.")
+        raise SpecError(f"field '{path}.{key}': got {_describe(value)}, expected true or false. "
+                        f"Fix: write {key}: {str(default).lower()}.")
     return value
 
 
@@ -554,7 +565,8 @@ def _describe(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike,
+                 overrides: Mapping[str, Any] | None = None) -> JobSpec:
     """Load (if a path), apply dotted overrides, and validate. The one entry the CLI and API share."""
     # class_paths name modules relative to where the user stands, as `python -m` would find them;
     # the console script's own sys.path starts at its bin directory instead.
@@ -568,7 +580,8 @@ def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, override
         spec["checkpoint"] = {("async" if k == "async_save" else k): v for k, v in spec["checkpoint"].items()}
         kind = "lightning" if spec.get("lightning") else "torch"
         if kind == "lightning":
-            spec["lightning"]["trainer"] = {**spec["lightning"]["trainer"], "strategy": spec["lightning"].pop("strategy")}
+            lightning = spec["lightning"]
+            lightning["trainer"] = {**lightning["trainer"], "strategy": lightning.pop("strategy")}
     raw = load_spec_file(spec) if isinstance(spec, (str, os.PathLike)) else dict(spec)
     if overrides:
         raw = apply_overrides(raw, overrides)

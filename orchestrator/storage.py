@@ -28,7 +28,7 @@ class Location:
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
-    def join(self, *parts: str) -> "Location":
+    def join(self, *parts: str) -> Location:
         path = posixpath.join(self.path, *parts)
         uri = _join_uri(self.uri, *parts)
         return Location(self.fs, path, uri)
@@ -48,7 +48,7 @@ def resolve(uri: str) -> Location:
         return Location(pafs.LocalFileSystem(), local, local)
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own text
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError with its own text
         raise UserError(
             f"storage '{uri}' could not be opened: {exc}. Fix: use a local directory or a URI pyarrow.fs "
             "understands (s3://bucket/prefix, gs://bucket/prefix, hdfs://host/path); for S3 set "

@@ -43,7 +43,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Manifest":
+    def from_json(cls, data: bytes) -> Manifest:
         raw: dict[str, Any] = json.loads(data)
         raw["files"] = {name: FileEntry(**entry) for name, entry in raw["files"].items()}
         return cls(**raw)

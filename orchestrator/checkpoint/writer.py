@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from orchestrator.checkpoint.manifest import Manifest
 from orchestrator.checkpoint.store import CheckpointInfo, CheckpointStore
@@ -50,7 +50,7 @@ class AsyncCheckpointWriter:
             self.last_committed = info
             if self.on_commit is not None:
                 self.on_commit(info)
-        except BaseException as exc:  # kept and re-raised on the training thread
+        except BaseException as exc:  # noqa: BLE001 - kept and re-raised on the training thread
             self._error = exc
 
     def wait(self) -> None:

@@ -18,7 +18,8 @@ every rank's RNG) is saved together in one checkpoint and restored before the fi
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import ray.train
 import ray.train.torch
@@ -83,7 +84,7 @@ class TrainContext:
         return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=ddp_kwargs or None)
 
     def data_loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
-                    **loader_kwargs: Any) -> "ResumableLoader":
+                    **loader_kwargs: Any) -> ResumableLoader:
         """A DataLoader over this rank's shard: seeded per epoch, resumable mid-epoch, moved to the device."""
         sampler = ResumableDistributedSampler(
             dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=self.seed,
