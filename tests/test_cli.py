@@ -62,7 +62,7 @@ def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_p
     state_dir = tmp_path / "state"
     driver = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
-         "--set", "torch.max_epochs=2"],
+         "--set", "torch.max_epochs=2", "--set", "checkpoint.every_n_seconds=1"],
         cwd=REPO, env={**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -76,6 +76,7 @@ def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_p
     assert "2 workers up, starting fresh" in out
     assert "epoch 2/2 done" in out and "samples/s" in out
     assert "run 'digits-torch' finished" in out and "weights_sha256" in out
+    assert "(seconds)" in out, "checkpoint.every_n_seconds saves, decided by rank 0 for every rank"
     assert "Traceback" not in out + err
     # Worker chatter stays in the run's logs, not in the terminal.
     lines = [line for line in out.splitlines() if line.strip()]

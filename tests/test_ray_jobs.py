@@ -70,7 +70,7 @@ def _end_processes(pids: list[int]) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(is_alive(p) for p in pids):
         time.sleep(0.2)
     for pid in pids:

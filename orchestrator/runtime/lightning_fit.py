@@ -28,7 +28,8 @@ from orchestrator.checkpoint import dumps_state, loads_state
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
-from orchestrator.runtime.session import Progress, Restored, WorkerSession
+from orchestrator.runtime.session import Restored, WorkerSession
+from orchestrator.runtime.train_state import Progress
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -62,8 +63,9 @@ class OrchestratorCallback(Callback):
         # Only at a completed optimizer step (not mid gradient accumulation), once per step.
         if step != self._last_step:
             self._last_step = step
-            if self.session.save_due(step):
-                self._save(trainer, "steps")
+            reason = self.session.save_reason(step)
+            if reason:
+                self._save(trainer, reason)
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.progress.metrics.update(_metric_floats(trainer.callback_metrics))

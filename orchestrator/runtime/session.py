@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -25,28 +25,13 @@ import torch.distributed as dist
 from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
 from orchestrator.runtime.snapshot import SnapshotBuffers
+from orchestrator.runtime.train_state import Progress
 from orchestrator.spec import JobSpec
 
 log = logging.getLogger("orchestrator.worker")
 
 # Seconds between progress events rank 0 sends to the driver.
 PROGRESS_INTERVAL_S = 2.0
-
-
-@dataclass
-class Progress:
-    """Where training stands: the part of TrainState that is not tensors."""
-
-    epoch: int = 0
-    # Optimizer steps taken since the run began.
-    step: int = 0
-    # Batches of `epoch` already trained on (0 at an epoch boundary).
-    batch_in_epoch: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "metrics": dict(self.metrics)}
 
 
 @dataclass
@@ -77,6 +62,8 @@ class WorkerSession:
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 else None
         self._buffers = SnapshotBuffers()
+        # The process group small rank-0 decisions travel on (made on first use; see _rank0_decides).
+        self._control_group = None
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
@@ -138,17 +125,32 @@ class WorkerSession:
 
     # --- saving -------------------------------------------------------------------------------
 
-    def save_due(self, step: int) -> bool:
-        """Whether to checkpoint after `step`. Every rank must call it at every step (collective when time-based)."""
+    def save_reason(self, step: int) -> str | None:
+        """Why to checkpoint after `step` ("steps" or "seconds"), or None when no save is due.
+
+        Every rank must call it after every optimizer step: with every_n_seconds it is a collective.
+        """
         spec = self.spec.checkpoint
-        due = bool(spec.every_n_steps and step % spec.every_n_steps == 0)
+        reason = "steps" if spec.every_n_steps and step % spec.every_n_steps == 0 else None
         if spec.every_n_seconds is not None:
             # Clocks differ between ranks, so rank 0 decides and everyone follows.
-            flag = torch.tensor([1 if time.monotonic() - self.last_save_time >= spec.every_n_seconds else 0])
-            if dist.is_available() and dist.is_initialized():
-                dist.broadcast(flag, src=0)
-            due = due or bool(flag.item())
-        return due and step != self.last_save_step
+            if self._rank0_decides(time.monotonic() - self.last_save_time >= spec.every_n_seconds):
+                reason = reason or "seconds"
+        return reason if step != self.last_save_step else None
+
+    def _rank0_decides(self, decision: bool) -> bool:
+        """Rank 0's `decision`, on every rank.
+
+        Sent over gloo on the CPU even when training uses NCCL: a CPU tensor cannot go through NCCL,
+        and a CUDA one would make every step wait for the GPU.
+        """
+        flag = torch.tensor([1 if decision else 0])
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            if self._control_group is None:
+                cpu_capable = dist.get_backend() == "gloo"
+                self._control_group = dist.group.WORLD if cpu_capable else dist.new_group(backend="gloo")
+            dist.broadcast(flag, src=0, group=self._control_group)
+        return bool(flag.item())
 
     @contextlib.contextmanager
     def stalling(self):

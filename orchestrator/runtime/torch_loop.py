@@ -31,7 +31,8 @@ from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.sampling import ResumableDistributedSampler
-from orchestrator.runtime.session import Progress, Restored, WorkerSession
+from orchestrator.runtime.session import Restored, WorkerSession
+from orchestrator.runtime.train_state import Progress, TrainState
 from orchestrator.spec import import_object
 
 log = logging.getLogger("orchestrator.worker")
@@ -56,18 +57,14 @@ class TrainContext:
         self.progress = Progress()
         self._tracked: dict[str, Any] = {}
         self._loaders: list[ResumableLoader] = []
-        self._restored_state: dict[str, Any] | None = None
+        self._restored: TrainState | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._last_batch_size = 0
         if restored is not None:
-            state = loads_state(restored.files[STATE_FILE], source=f"{restored.info.uri}/{STATE_FILE}")
-            self._restored_state = state
-            p = state["progress"]
-            self.progress = Progress(epoch=p["epoch"], step=p["step"], batch_in_epoch=p["batch_in_epoch"],
-                                     metrics=dict(p.get("metrics", {})))
-            ranks = state.get("ranks") or []
-            if len(ranks) == self.world_size:
-                self._pending_rng = ranks[self.rank]["rng"]
+            raw = loads_state(restored.files[STATE_FILE], source=f"{restored.info.uri}/{STATE_FILE}")
+            self._restored = TrainState.from_dict(raw)
+            self.progress = self._restored.progress
+            self._pending_rng = self._restored.rng_of(self.rank, self.world_size)
 
     # --- building blocks --------------------------------------------------------------------
 
@@ -104,11 +101,11 @@ class TrainContext:
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
             self._tracked[name] = obj
-            if self._restored_state is not None:
-                saved = self._restored_state["objects"].get(name)
+            if self._restored is not None:
+                saved = self._restored.objects.get(name)
                 if saved is None:
                     raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
-                                   f"'{name}' (it has {sorted(self._restored_state['objects'])})")
+                                   f"'{name}' (it has {sorted(self._restored.objects)})")
                 target = obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
                 target.load_state_dict(saved)
 
@@ -133,8 +130,9 @@ class TrainContext:
         self.progress.metrics.update(_scalars(metrics))
         self._session.count_samples(self._last_batch_size)
         self._session.progress(self.progress)
-        if self._session.save_due(self.progress.step):
-            self.save(reason="steps")
+        reason = self._session.save_reason(self.progress.step)
+        if reason:
+            self.save(reason=reason)
 
     def report(self, **metrics: Any) -> None:
         """Record metrics that are not per step (validation accuracy...); they go into summary.json."""
@@ -147,11 +145,9 @@ class TrainContext:
             if self.rank != 0:
                 self._session.commit(self.progress, reason, dict)
                 return
-            snapshot = self._session.snapshot({
-                "objects": {name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()},
-                "progress": self.progress.to_dict(),
-                "ranks": ranks,
-            })
+            state = TrainState(progress=self.progress, ranks=ranks,
+                               objects={name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()})
+            snapshot = self._session.snapshot(state.to_dict())
             self._session.commit(self.progress, reason, lambda: {STATE_FILE: dumps_state(snapshot)})
 
     # --- internals -----------------------------------------------------------------------------
