@@ -20,7 +20,7 @@ from ray.train.torch import TorchTrainer
 from orchestrator import cluster, resume, storage
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.errors import RunStopped, TrainingFailed
-from orchestrator.monitor import RunMonitor
+from orchestrator.monitor import start_monitor
 from orchestrator.result import RunResult, write_summary
 from orchestrator.runtime.session import local_log_dir
 from orchestrator.runtime.worker import train_worker
@@ -66,7 +66,7 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
     connection = cluster.connect(address)
     try:
-        monitor = RunMonitor.remote()
+        monitor = start_monitor()
         trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor, worker_env)
         watcher = _ProgressPrinter(monitor, job, say)
         watcher.start()
@@ -122,7 +122,8 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
             # Ray keeps its own run state here; checkpoints are ours, in <run_dir>/checkpoints.
             name=f"{job.name}-{int(time.time())}",
             storage_path=ray_dir.uri if not ray_dir.is_local else ray_dir.path,
-            failure_config=FailureConfig(max_failures=job.failure.max_failures),
+            failure_config=FailureConfig(max_failures=job.failure.max_failures,
+                                         max_preemption_failures=job.failure.max_preemptions),
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             worker_runtime_env={"env_vars": worker_env},
         ),
@@ -233,4 +234,7 @@ class _ProgressPrinter:
             return f"{epoch:<14} step {event['step']:>6}  {metrics}{rate}"
         if kind == "checkpoint":
             return f"checkpoint committed: step {event['step']} ({event['reason']}) -> {event['uri']}"
+        if kind == "preemption":
+            return (f"preemption notice: node(s) {', '.join(n[:12] for n in event['nodes'])} go away in "
+                    f"{event['seconds_left']}; checkpointing at step {event['step']}")
         return None

@@ -12,6 +12,18 @@ import time
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+
+def start_monitor() -> ray.actor.ActorHandle:
+    """A RunMonitor on the driver's own node.
+
+    It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
+    node, taking the run's record of committed checkpoints with it. The driver's node lives
+    exactly as long as the run does.
+    """
+    here = ray.get_runtime_context().get_node_id()
+    return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
 
 
 @ray.remote(num_cpus=0)

@@ -32,6 +32,8 @@ class RunResult:
     world_sizes_seen: list[int] = field(default_factory=list)
     # Worker-group starts after the first one (failures Ray Train recovered from).
     restarts: int = 0
+    # Every worker-group start, in order: its world size and the step it resumed from (None: fresh).
+    starts: list[dict[str, Any]] = field(default_factory=list)
     checkpoints_committed: int = 0
     # Seconds the training loop was blocked by checkpointing (snapshot, gathers, hand-off).
     checkpoint_stall_s: float = 0.0
@@ -78,6 +80,8 @@ class RunResult:
             workers=[{k: e[k] for k in ("rank", "node_id", "hostname", "pid")} for e in last_group],
             world_sizes_seen=list(dict.fromkeys(g[0]["world_size"] for g in groups)),
             restarts=max(0, len(groups) - 1),
+            starts=[{"world_size": g[0]["world_size"], "restored_step": g[0]["restored_step"],
+                     "restored_from": g[0]["restored_from"]} for g in groups],
             checkpoints_committed=len(checkpoints),
             checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
             final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),

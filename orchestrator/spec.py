@@ -110,12 +110,17 @@ class CheckpointSpec:
     keep_best: KeepBestSpec | None = None
     # Write checkpoints in the background; the training loop only waits for an in-memory copy.
     async_save: bool = True
+    # Save as soon as Ray announces that a node of the run will be preempted (a node drain with
+    # a deadline, e.g. a spot instance reclaimed), so the restart loses almost nothing.
+    on_preemption: bool = True
 
 
 @dataclass(frozen=True)
 class FailureSpec:
     # Worker-group restarts allowed before the run fails (-1: unlimited, 0: none).
     max_failures: int = 3
+    # Restarts after a node preemption, counted apart from max_failures (-1: unlimited).
+    max_preemptions: int = -1
 
 
 @dataclass(frozen=True)
@@ -386,6 +391,7 @@ def _checkpoint(raw: Any) -> CheckpointSpec:
         keep_last=_int(raw, "keep_last", path, 3, minimum=1),
         keep_best=_keep_best(raw.get("keep_best")),
         async_save=_bool(raw, "async_save", path, True),
+        on_preemption=_bool(raw, "on_preemption", path, True),
     )
 
 
@@ -404,7 +410,8 @@ def _failure(raw: Any) -> FailureSpec:
     path = "failure"
     _mapping(raw, path)
     _check_keys(raw, FailureSpec, path)
-    return FailureSpec(max_failures=_int(raw, "max_failures", path, 3, minimum=-1))
+    return FailureSpec(max_failures=_int(raw, "max_failures", path, 3, minimum=-1),
+                       max_preemptions=_int(raw, "max_preemptions", path, -1, minimum=-1))
 
 
 def _env(raw: Any) -> dict[str, str]:

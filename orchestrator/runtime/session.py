@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
+from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
 from orchestrator.spec import JobSpec
@@ -62,14 +63,12 @@ class WorkerSession:
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 else None
         self._buffers = SnapshotBuffers()
-        # The process group small rank-0 decisions travel on (made on first use; see _rank0_decides).
-        self._control_group = None
+        self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size)
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
         # The checkpoint this worker group started from (None: a fresh start).
         self.restored_uri: str | None = None
-        self.last_save_time = time.monotonic()
         self._last_progress = 0.0
         self._samples_since = 0
         self._since = time.monotonic()
@@ -126,31 +125,22 @@ class WorkerSession:
     # --- saving -------------------------------------------------------------------------------
 
     def save_reason(self, step: int) -> str | None:
-        """Why to checkpoint after `step` ("steps" or "seconds"), or None when no save is due.
+        """Why to checkpoint after `step` ("preemption", "steps", "seconds"), or None when no save is due.
 
-        Every rank must call it after every optimizer step: with every_n_seconds it is a collective.
+        Every rank must call it after every optimizer step (time-based decisions are collective).
         """
-        spec = self.spec.checkpoint
-        reason = "steps" if spec.every_n_steps and step % spec.every_n_steps == 0 else None
-        if spec.every_n_seconds is not None:
-            # Clocks differ between ranks, so rank 0 decides and everyone follows.
-            if self._rank0_decides(time.monotonic() - self.last_save_time >= spec.every_n_seconds):
-                reason = reason or "seconds"
+        reason = self.cadence.reason(step)
+        if reason == "preemption" and self.rank == 0:
+            self._announce_preemption(step)
         return reason if step != self.last_save_step else None
 
-    def _rank0_decides(self, decision: bool) -> bool:
-        """Rank 0's `decision`, on every rank.
-
-        Sent over gloo on the CPU even when training uses NCCL: a CPU tensor cannot go through NCCL,
-        and a CUDA one would make every step wait for the GPU.
-        """
-        flag = torch.tensor([1 if decision else 0])
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            if self._control_group is None:
-                cpu_capable = dist.get_backend() == "gloo"
-                self._control_group = dist.group.WORLD if cpu_capable else dist.new_group(backend="gloo")
-            dist.broadcast(flag, src=0, group=self._control_group)
-        return bool(flag.item())
+    def _announce_preemption(self, step: int) -> None:
+        notice = self.cadence.preemption
+        deadline_ms = getattr(notice, "deadline_ms", None)
+        left = f"{max(0.0, deadline_ms / 1000 - time.time()):.0f} s" if deadline_ms else "an unknown time"
+        nodes = list(getattr(notice, "preempted_node_ids", []))
+        log.warning("node(s) %s will be preempted in %s: checkpointing at step %d", nodes, left, step)
+        self.monitor.push.remote("preemption", step=step, nodes=nodes, seconds_left=left)
 
     @contextlib.contextmanager
     def stalling(self):
@@ -178,7 +168,7 @@ class WorkerSession:
     def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]]) -> None:
         """Rank 0: hand a snapshot to the writer (asynchronous unless checkpoint.async is false)."""
         self.last_save_step = progress.step
-        self.last_save_time = time.monotonic()
+        self.cadence.saved()
         if self.writer is None:
             return
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
