@@ -30,7 +30,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(build_model())
+    model = build_model()
+    if world > 1:  # as Ray Train's prepare_model does: no DDP wrapper around a single process
+        model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dataset = build_dataset(args.batch_size * world * (args.steps + args.warmup))
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
@@ -40,14 +42,15 @@ def main() -> None:
     for step, (x, y) in enumerate(loader):
         if step == args.warmup:
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
     dist.barrier()
     elapsed = time.perf_counter() - start
+    cpu_ms = 1000 * (time.process_time() - cpu_start) / args.steps
     if rank == 0:
-        print(json.dumps({"steps_per_s": args.steps / elapsed, "steps": args.steps}))
+        print(json.dumps({"steps_per_s": args.steps / elapsed, "cpu_ms_per_step": cpu_ms, "steps": args.steps}))
     dist.destroy_process_group()
 
 

@@ -46,6 +46,7 @@ class OrchestratorCallback(Callback):
         self.progress = Progress()
         self._pending_rng = pending_rng
         self._last_step = -1
+        self._snapshot_prepared = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._pending_rng is not None:  # the first batch after a resume: continue each rank's RNG stream
@@ -53,6 +54,10 @@ class OrchestratorCallback(Callback):
             self._pending_rng = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self._snapshot_prepared and trainer.global_step > 0:  # the optimizer state exists now
+            self._snapshot_prepared = True
+            self.session.prepare_snapshot({"model": pl_module.state_dict(),
+                                           "optimizers": [o.state_dict() for o in trainer.optimizers]})
         self.session.count_samples(batch_len(batch))
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):

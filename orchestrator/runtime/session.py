@@ -159,6 +159,11 @@ class WorkerSession:
         dist.all_gather_object(out, local)
         return out
 
+    def prepare_snapshot(self, state: Any) -> None:
+        """Rank 0, once training runs: get snapshot memory ready in the background (see snapshot.py)."""
+        if self.writer is not None:
+            self._buffers.prepare(state)
+
     def snapshot(self, state: Any) -> Any:
         """Rank 0: copy `state` for the writer, once the previous write no longer reads the buffers."""
         assert self.writer is not None

@@ -60,6 +60,7 @@ class TrainContext:
         self._restored: TrainState | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._last_batch_size = 0
+        self._snapshot_prepared = False
         if restored is not None:
             raw = loads_state(restored.files[STATE_FILE], source=f"{restored.info.uri}/{STATE_FILE}")
             self._restored = TrainState.from_dict(raw)
@@ -126,6 +127,9 @@ class TrainContext:
 
     def step(self, **metrics: Any) -> None:
         """Call once after each optimizer step. Counts it, reports metrics, and checkpoints when due."""
+        if not self._snapshot_prepared:  # after the first optimizer step its state exists
+            self._snapshot_prepared = True
+            self._session.prepare_snapshot({name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()})
         self.progress.step += 1
         self.progress.metrics.update(_scalars(metrics))
         self._session.count_samples(self._last_batch_size)
