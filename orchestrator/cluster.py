@@ -24,9 +24,9 @@ from orchestrator.errors import UserError
 log = logging.getLogger(__name__)
 
 STATE_DIR_ENV_VAR = "ORCHESTRATOR_STATE_DIR"
+DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
 # Seconds to wait for a TCP answer from a Ray address before calling it unreachable.
 ADDRESS_CHECK_TIMEOUT_S = 5.0
-DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
 
 # Set before Ray starts so every Ray process inherits them.
 QUIET_RAY_ENV = {
