@@ -68,6 +68,20 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             f"checkpoint {choice.uri} was written by a '{manifest.kind}' job but this spec is a '{spec.kind}' "
             "job, so its state cannot be loaded. Fix: use another run name, or resume_from: none with --overwrite."
         )
+    sharded = spec.torch is not None and spec.torch.strategy == "fsdp"
+    if manifest.sharded != sharded:
+        written, wanted = ("fsdp", "ddp") if manifest.sharded else ("ddp", "fsdp")
+        raise CheckpointError(
+            f"checkpoint {choice.uri} was written with torch.strategy: {written} but this spec uses {wanted}; "
+            "converting between a sharded and a whole-model checkpoint is not supported. Fix: set "
+            f"torch.strategy: {written} to resume it, or start a new run (another name, or resume_from: none)."
+        )
+    if manifest.sharded and manifest.world_size != spec.scaling.num_workers:
+        raise CheckpointError(
+            f"checkpoint {choice.uri} is sharded over {manifest.world_size} workers (torch.strategy: fsdp) and "
+            f"this run has scaling.num_workers: {spec.scaling.num_workers}; resharding is not supported. Fix: "
+            f"run with --set scaling.num_workers={manifest.world_size}, or start a new run."
+        )
     if manifest.world_size != spec.scaling.num_workers:
         log.warning("checkpoint %s was written by %d workers and this run has %d: the model and optimizer "
                     "resume exactly, the per-rank data position and RNG streams restart",

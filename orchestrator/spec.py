@@ -25,7 +25,9 @@ from orchestrator.errors import SpecError
 DEFAULT_STORAGE = "~/orchestrator-runs"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PLACEMENTS = ("spread", "pack")
-STRATEGIES = ("ddp",)
+# Strategies each path offers. FSDP on the Lightning path comes with its own issue.
+LIGHTNING_STRATEGIES = ("ddp",)
+TORCH_STRATEGIES = ("ddp", "fsdp")
 # Trainer arguments the orchestrator sets itself: a user value would fight the placement Ray made.
 OWNED_TRAINER_ARGS = {
     "devices": "the number of workers is scaling.num_workers",
@@ -59,7 +61,7 @@ class LightningSpec:
     data: ClassRef
     # Keyword arguments for lightning.Trainer, checked against its signature.
     trainer: dict[str, Any]
-    # ddp is the only strategy built so far (fsdp and deepspeed come with their own issue).
+    # ddp is the only strategy built so far on this path (fsdp: see TorchSpec.strategy).
     strategy: str = "ddp"
 
 
@@ -73,6 +75,10 @@ class TorchSpec:
     max_epochs: int | None = None
     # Optimizer steps to train in total; training stops after this many ctx.step() calls.
     max_steps: int | None = None
+    # ddp: ctx.prepare_model wraps the model in DistributedDataParallel (a full copy per rank).
+    # fsdp: it shards parameters, gradients and optimizer state over the ranks (fully_shard), and
+    # every rank writes its own shard of each checkpoint.
+    strategy: str = "ddp"
 
 
 @dataclass(frozen=True)
@@ -283,10 +289,11 @@ def _lightning(raw: Any, check_imports: bool) -> LightningSpec:
     data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
     trainer = dict(_optional(raw, "trainer", path, dict, {}))
     strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
-    if strategy not in STRATEGIES:
+    if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
-            f"field 'lightning.trainer.strategy': {strategy!r} is not available. Valid choices: "
-            f"{', '.join(STRATEGIES)}. Fix: set strategy: ddp."
+            f"field 'lightning.trainer.strategy': {strategy!r} is not available on the Lightning path. "
+            f"Valid choices: {', '.join(LIGHTNING_STRATEGIES)}. Fix: set strategy: ddp (sharded training "
+            "is available on the plain-torch path with torch.strategy: fsdp)."
         )
     _check_trainer_args(trainer, f"{path}.trainer")
     if trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
@@ -339,7 +346,8 @@ def _torch(raw: Any, check_imports: bool) -> TorchSpec:
             "field 'torch': neither max_epochs nor max_steps is set, so the run would never end. "
             "Fix: set torch.max_epochs (e.g. 5) or torch.max_steps (e.g. 1000)."
         )
-    return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps)
+    strategy = _choice(raw, "strategy", path, TORCH_STRATEGIES, "ddp")
+    return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps, strategy=strategy)
 
 
 def _scaling(raw: Any) -> ScalingSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
 
 import pytest
 import torch
@@ -149,6 +150,21 @@ def test_the_async_writer_returns_before_the_write_and_surfaces_background_failu
     with pytest.raises(RuntimeError, match="disk full"):
         writer.close()
     assert [i.step for i in store.committed()] == [10]
+
+
+def test_sharded_async_writes_commit_on_rank_0_once_the_other_rank_wrote_its_shard(store):
+    rank0, rank1 = AsyncCheckpointWriter(store), AsyncCheckpointWriter(store)
+    sharded = manifest(10)
+    sharded.sharded = True
+    rank0.save_shard(sharded, "tok", 0, lambda: {"state-0.pt": dumps_state({"x": torch.zeros(3)})})
+    time.sleep(0.5)  # rank 0's shard is written; without rank 1's the checkpoint must not exist
+    assert store.committed() == [] and store.latest_loadable().info is None
+    rank1.save_shard(sharded, "tok", 1, lambda: {"state-1.pt": dumps_state({"x": torch.ones(3)})})
+    rank1.close()
+    rank0.close()
+    (info,) = store.committed()
+    assert info.manifest.sharded and sorted(info.manifest.files) == ["state-0.pt", "state-1.pt"]
+    assert rank0.last_committed.uri == info.uri and rank1.last_committed is None
 
 
 def test_the_store_works_the_same_on_s3(s3_server):

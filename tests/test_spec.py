@@ -58,6 +58,10 @@ BAD_SPECS = [
     ("trainer argument the orchestrator owns", with_(LIGHTNING, "lightning.trainer.devices", 4),
      ["lightning.trainer.devices", "scaling.num_workers", "remove 'devices'"]),
     ("unsupported strategy", with_(LIGHTNING, "lightning.trainer.strategy", "horovod"), ["'horovod'", "Valid choices: ddp"]),
+    ("fsdp on the lightning path", with_(LIGHTNING, "lightning.trainer.strategy", "fsdp"),
+     ["'fsdp'", "Valid choices: ddp", "torch.strategy: fsdp"]),
+    ("unknown torch strategy", with_(TORCH, "torch.strategy", "deepspeed"),
+     ["torch.strategy", "'deepspeed'", "Valid choices: ddp, fsdp"]),
     ("no training limit", without(LIGHTNING, "lightning.trainer.max_epochs"), ["max_epochs", "max_steps", "1000 epochs"]),
     ("torch loop without limits", without(TORCH, "torch.max_epochs"), ["torch.max_epochs", "never end"]),
     ("bad placement", with_(TORCH, "scaling.placement", "spraed"), ["scaling.placement", "'spraed'", "did you mean 'spread'", "spread, pack"]),
@@ -143,3 +147,4 @@ def test_a_module_that_fails_to_import_reports_its_own_error(tmp_path, monkeypat
 def test_the_shipped_job_specs_are_valid():
     assert resolve_spec("jobs/quickstart.yaml").kind == "lightning"
     assert resolve_spec("jobs/digits_torch.yaml").kind == "torch"
+    assert resolve_spec("jobs/digits_fsdp.yaml").torch.strategy == "fsdp"

@@ -36,6 +36,8 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     # Why it was written: "steps", "seconds", "epoch_end", "end", "preemption".
     reason: str = "steps"
+    # True: every rank wrote its own file (FSDP), and only the same number of ranks can load it.
+    sharded: bool = False
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
 

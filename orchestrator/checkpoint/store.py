@@ -249,7 +249,9 @@ class CheckpointStore:
             if time.monotonic() > deadline:
                 missing = [r.path.rsplit("/", 1)[-1] for r in receipts if not storage.exists(r)]
                 raise TimeoutError(f"checkpoint step {manifest.step} not committed: shards {missing} "
-                                   f"still missing after {timeout_s:.0f} s")
+                                   f"still missing in {loc.uri} after {timeout_s:.0f} s. Every worker writes "
+                                   "its own shard there, so the storage must be shared by every node "
+                                   "(a shared mount or an object store)")
             time.sleep(poll_s)
         files = {}
         for receipt in receipts:

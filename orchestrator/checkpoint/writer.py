@@ -32,21 +32,37 @@ class AsyncCheckpointWriter:
 
         The caller must pass a snapshot that later training steps cannot change (tensors cloned).
         """
+        self._submit(lambda: self.store.commit(manifest, build_files()))
+
+    def save_shard(self, manifest: Manifest, token: str, rank: int,
+                   build_files: Callable[[], dict[str, bytes]]) -> None:
+        """Write this rank's shard of a sharded checkpoint; on rank 0, then commit once all are there.
+
+        Every rank of the save calls it with the same `token`.
+        """
+        def write() -> CheckpointInfo | None:
+            self.store.write_shard(manifest.step, token, rank, build_files())
+            return self.store.commit_shards(manifest, token) if rank == 0 else None
+
+        self._submit(write)
+
+    def _submit(self, write: Callable[[], CheckpointInfo | None]) -> None:
         start = time.perf_counter()
         self.wait()
         if not self.asynchronous:
-            self._write(manifest, build_files)
+            self._write(write)
             self.blocked_seconds += time.perf_counter() - start
             self._raise_if_failed()
             return
-        self._thread = threading.Thread(target=self._write, args=(manifest, build_files),
-                                        name="checkpoint-writer", daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(write,), name="checkpoint-writer", daemon=True)
         self._thread.start()
         self.blocked_seconds += time.perf_counter() - start
 
-    def _write(self, manifest: Manifest, build_files: Callable[[], dict[str, bytes]]) -> None:
+    def _write(self, write: Callable[[], CheckpointInfo | None]) -> None:
         try:
-            info = self.store.commit(manifest, build_files())
+            info = write()
+            if info is None:
+                return
             self.last_committed = info
             if self.on_commit is not None:
                 self.on_commit(info)

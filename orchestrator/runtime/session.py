@@ -59,9 +59,11 @@ class WorkerSession:
         self.world_size = context.get_world_size()
         self.local_rank = context.get_local_rank()
         self.store = CheckpointStore.for_run(self.run_uri)
+        # Sharded state (torch.strategy: fsdp): every rank writes its own part of each checkpoint.
+        self.sharded = self.spec.torch is not None and self.spec.torch.strategy == "fsdp"
         self.writer = AsyncCheckpointWriter(
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
-        ) if self.rank == 0 else None
+        ) if self.rank == 0 or self.sharded else None
         self._buffers = SnapshotBuffers()
         self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size)
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
@@ -160,26 +162,34 @@ class WorkerSession:
         return out
 
     def prepare_snapshot(self, state: Any) -> None:
-        """Rank 0, once training runs: get snapshot memory ready in the background (see snapshot.py)."""
+        """Once training runs, on each rank that writes: get snapshot memory ready in the background."""
         if self.writer is not None:
             self._buffers.prepare(state)
 
     def snapshot(self, state: Any) -> Any:
-        """Rank 0: copy `state` for the writer, once the previous write no longer reads the buffers."""
+        """Copy `state` for the writer, once the previous write no longer reads the buffers."""
         assert self.writer is not None
         self.writer.wait()
         return self._buffers.take(state)
 
-    def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]]) -> None:
-        """Rank 0: hand a snapshot to the writer (asynchronous unless checkpoint.async is false)."""
+    def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]],
+               token: str = "") -> None:
+        """Hand a snapshot to the writer (asynchronous unless checkpoint.async is false).
+
+        Every rank calls it. Unsharded, rank 0 writes the whole checkpoint; sharded, every rank
+        writes its own files and rank 0 commits once all are there (`token`: the same on all ranks).
+        """
         self.last_save_step = progress.step
         self.cadence.saved()
         if self.writer is None:
             return
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
                             world_size=self.world_size, kind=self.spec.kind, files={},
-                            metrics=_floats(progress.metrics), reason=reason)
-        self.writer.save(manifest, build_files)
+                            metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded)
+        if self.sharded:
+            self.writer.save_shard(manifest, token, self.rank, build_files)
+        else:
+            self.writer.save(manifest, build_files)
 
     def _on_commit(self, info: CheckpointInfo) -> None:
         self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
@@ -203,8 +213,10 @@ class WorkerSession:
         _flush_logs()
 
     def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
-        """Rank 0: wait for the last write, then tell the driver how the run ended."""
-        if self.writer is not None:
+        """Wait for the last write, then (rank 0) tell the driver how the run ended."""
+        if self.writer is not None and self.rank != 0:
+            self.writer.close()  # this rank's last shard: rank 0's commit waits for it
+        if self.writer is not None and self.rank == 0:
             # Training is over here: waiting for the last write is reported, not counted as stall.
             flush_start = time.perf_counter()
             self.writer.close()

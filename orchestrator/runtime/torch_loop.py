@@ -18,6 +18,7 @@ every rank's RNG) is saved together in one checkpoint and restored before the fi
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,12 +33,18 @@ from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.sampling import ResumableDistributedSampler
 from orchestrator.runtime.session import Restored, WorkerSession
+from orchestrator.runtime.sharding import full_model_state, load_local_state, local_state, shard_model
 from orchestrator.runtime.train_state import Progress, TrainState
 from orchestrator.spec import import_object
 
 log = logging.getLogger("orchestrator.worker")
 
 STATE_FILE = "state.pt"
+
+
+def shard_file(rank: int) -> str:
+    """Rank `rank`'s file of a sharded checkpoint (torch.strategy: fsdp)."""
+    return f"state-{rank:05d}.pt"
 
 
 class TrainContext:
@@ -62,7 +69,8 @@ class TrainContext:
         self._last_batch_size = 0
         self._snapshot_prepared = False
         if restored is not None:
-            raw = loads_state(restored.files[STATE_FILE], source=f"{restored.info.uri}/{STATE_FILE}")
+            fname = shard_file(self.rank) if restored.manifest.sharded else STATE_FILE
+            raw = loads_state(restored.files[fname], source=f"{restored.info.uri}/{fname}")
             self._restored = TrainState.from_dict(raw)
             self.progress = self._restored.progress
             self._pending_rng = self._restored.rng_of(self.rank, self.world_size)
@@ -77,9 +85,16 @@ class TrainContext:
     def global_step(self) -> int:
         return self.progress.step
 
-    def prepare_model(self, model: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
-        """Move the model to this worker's device and wrap it in DistributedDataParallel."""
-        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=ddp_kwargs or None)
+    def prepare_model(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """Move the model to this worker's device and make it data-parallel, as torch.strategy says.
+
+        ddp: wrapped in DistributedDataParallel (kwargs go to it). fsdp: sharded in place with
+        fully_shard, each submodule that owns parameters and then the root (kwargs go to
+        fully_shard); build the optimizer from the returned model's parameters.
+        """
+        if self._session.sharded:
+            return shard_model(model, self.device, **kwargs)
+        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=kwargs or None)
 
     def data_loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
                     **loader_kwargs: Any) -> ResumableLoader:
@@ -107,8 +122,10 @@ class TrainContext:
                 if saved is None:
                     raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
                                    f"'{name}' (it has {sorted(self._restored.objects)})")
-                target = obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
-                target.load_state_dict(saved)
+                if self._session.sharded:
+                    load_local_state(obj, saved)
+                else:
+                    _unwrap(obj).load_state_dict(saved)
 
     def epochs(self) -> Iterator[int]:
         """Epoch numbers from where the run stands; stops at max_epochs or when max_steps is reached."""
@@ -129,7 +146,7 @@ class TrainContext:
         """Call once after each optimizer step. Counts it, reports metrics, and checkpoints when due."""
         if not self._snapshot_prepared:  # after the first optimizer step its state exists
             self._snapshot_prepared = True
-            self._session.prepare_snapshot({name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()})
+            self._session.prepare_snapshot(self._tracked_state())
         self.progress.step += 1
         self.progress.metrics.update(_scalars(metrics))
         self._session.count_samples(self._last_batch_size)
@@ -143,16 +160,22 @@ class TrainContext:
         self.progress.metrics.update(_scalars(metrics))
 
     def save(self, reason: str = "manual") -> None:
-        """Checkpoint now (every rank must call it). Rank 0 only blocks for an in-memory copy."""
-        with self._session.stalling():
-            ranks = self._session.gather({"rng": capture_rng()})
-            if self.rank != 0:
-                self._session.commit(self.progress, reason, dict)
+        """Checkpoint now (every rank must call it). The loop only blocks for an in-memory copy.
+
+        Unsharded, rank 0 writes the whole state; sharded (fsdp), every rank writes its own part.
+        """
+        session = self._session
+        with session.stalling():
+            # Rank 0's token names this save's staging folder on every rank (sharded writes).
+            gathered = session.gather({"rng": capture_rng(), "token": uuid.uuid4().hex[:8]})
+            ranks = [{"rng": entry["rng"]} for entry in gathered]
+            if self.rank != 0 and not session.sharded:
+                session.commit(self.progress, reason, dict)
                 return
-            state = TrainState(progress=self.progress, ranks=ranks,
-                               objects={name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()})
-            snapshot = self._session.snapshot(state.to_dict())
-            self._session.commit(self.progress, reason, lambda: {STATE_FILE: dumps_state(snapshot)})
+            state = TrainState(progress=self.progress, ranks=ranks, objects=self._tracked_state())
+            snapshot = session.snapshot(state.to_dict())
+            fname = shard_file(self.rank) if session.sharded else STATE_FILE
+            session.commit(self.progress, reason, lambda: {fname: dumps_state(snapshot)}, token=gathered[0]["token"])
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -168,12 +191,20 @@ class TrainContext:
     def _steps_exhausted(self) -> bool:
         return self.max_steps is not None and self.progress.step >= self.max_steps
 
+    def _tracked_state(self) -> dict[str, Any]:
+        """Every tracked object's state_dict(); sharded, this rank's local part of each."""
+        states = {name: _unwrap(obj).state_dict() for name, obj in self._tracked.items()}
+        return local_state(states) if self._session.sharded else states
+
     def _model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state on rank 0 (sharded: gathered, so every rank must call it)."""
         model = self._tracked.get("model")
         if model is None:
             models = [o for o in self._tracked.values() if isinstance(o, torch.nn.Module)]
             model = models[0] if models else None
-        return _unwrap(model).state_dict() if model is not None else {}
+        if model is None:
+            return {}
+        return full_model_state(model) if self._session.sharded else _unwrap(model).state_dict()
 
 
 class ResumableLoader:
@@ -219,7 +250,8 @@ def train_torch(session: WorkerSession) -> None:
     # The end-of-run checkpoint, unless the last save was at this very step.
     if ctx.progress.step != session.last_save_step:
         ctx.save(reason="end")
-    fingerprint = weights_sha256(ctx._model_state()) if session.rank == 0 else ""
+    model_state = ctx._model_state() if session.rank == 0 or session.sharded else {}
+    fingerprint = weights_sha256(model_state) if session.rank == 0 else ""
     session.finish(ctx.progress, fingerprint, {})
 
 

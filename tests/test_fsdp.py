@@ -1,0 +1,70 @@
+"""Sharded training (torch.strategy: fsdp) on CPU: every worker writes its own shard of each
+checkpoint, rank 0 commits when all are there, and an interrupted run resumes bit for bit.
+
+FSDP here is PyTorch's fully_shard over gloo; the same code runs over NCCL with use_gpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from conftest import run_cli
+from specs import torch_spec
+
+import orchestrator
+from orchestrator.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+# Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one.
+KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))
+
+
+def fsdp_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None):
+    spec = torch_spec(name, storage_dir, loop, fault)
+    spec["torch"]["strategy"] = "fsdp"
+    return spec
+
+
+@pytest.mark.timeout(600)
+def test_an_fsdp_job_writes_one_shard_per_rank_and_resumes_from_a_kill_to_identical_weights(tmp_path):
+    clean = orchestrator.run(fsdp_spec("clean", tmp_path), console=None)
+    assert clean.status == "finished"
+
+    committed = CheckpointStore.for_run(clean.run_dir).committed()
+    assert committed
+    for info in committed:
+        assert info.manifest.sharded and info.manifest.world_size == 2
+        # Each rank's state file and its receipt: the manifest lists only the state files.
+        assert sorted(info.manifest.files) == ["state-00000.pt", "state-00001.pt"], info.name
+        sizes = [info.manifest.files[f].size for f in sorted(info.manifest.files)]
+        assert all(size > 0 for size in sizes)
+
+    fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
+    killed = orchestrator.run(fsdp_spec("killed", tmp_path, "faulty:torch_loop_killed_once", fault), console=None)
+    assert (tmp_path / "kill-marker").exists(), "the fault was never injected"
+    assert killed.restarts == 1, f"kill at step {KILL_STEP}"
+    assert killed.global_step == clean.global_step
+    assert killed.weights_sha256 == clean.weights_sha256, f"kill at step {KILL_STEP}"
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_checkpoint_is_refused_by_another_world_size_or_strategy(tmp_path):
+    spec = fsdp_spec("sharded", tmp_path)
+    spec["torch"]["max_epochs"] = 1
+    first = orchestrator.run(spec, console=None)
+    assert first.status == "finished"
+    spec_file = tmp_path / "sharded.yaml"
+    spec_file.write_text(json.dumps(spec))  # JSON is YAML
+
+    resized = run_cli("run", str(spec_file), "--set", "torch.max_epochs=2", "--set", "scaling.num_workers=1")
+    assert resized.returncode == 2, resized.stderr
+    assert "sharded over 2 workers" in resized.stderr and "scaling.num_workers=2" in resized.stderr
+    assert "Traceback" not in resized.stderr
+
+    unsharded = run_cli("run", str(spec_file), "--set", "torch.max_epochs=2", "--set", "torch.strategy=ddp")
+    assert unsharded.returncode == 2, unsharded.stderr
+    assert "torch.strategy: fsdp" in unsharded.stderr and "Traceback" not in unsharded.stderr
