@@ -60,6 +60,14 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subpro
                           timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
 
 
+def assert_resumed_to_clean_weights(killed, clean, marker, kill_step: int) -> None:
+    """A run killed once at `kill_step` (its fault wrote `marker`) ended exactly where the clean run did."""
+    assert os.path.exists(marker), "the fault was never injected"
+    assert killed.restarts == 1, f"kill at step {kill_step}"
+    assert killed.global_step == clean.global_step
+    assert killed.weights_sha256 == clean.weights_sha256, f"kill at step {kill_step}"
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -105,6 +105,20 @@ def test_verify_finds_a_flipped_byte(store):
     assert store.verify(store.scan()[0]).status == "corrupt"
 
 
+def test_a_rank_keeps_only_its_own_shard_but_a_damaged_shard_of_another_rank_still_fails_it(store):
+    files = {f"state-{r}.pt": dumps_state({"rank": torch.tensor(r)}) for r in range(3)}
+    info = store.commit(manifest(10), files)
+    kept = store.read_files(info, keep={"state-1.pt"}.__contains__)
+    assert list(kept) == ["state-1.pt"]
+    with open(os.path.join(info.location.path, "state-2.pt"), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    # Every rank reaches the same verdict on the checkpoint, whichever file it keeps.
+    assert store.latest_loadable(keep={"state-1.pt"}.__contains__).info is None
+
+
 def test_resume_from_a_missing_uri_is_a_clear_error(store, tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint folder exists"):
         store.open_uri(str(tmp_path / "run" / "checkpoints" / "step-000000999"))

@@ -18,7 +18,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -109,8 +109,12 @@ class CheckpointStore:
     def _inspect(self, name: str, step: int) -> CheckpointInfo:
         return inspect_location(self.root.join(name), name, step)
 
-    def read_files(self, info: CheckpointInfo) -> dict[str, bytes]:
-        """Every file of a committed checkpoint, each checked against its manifest checksum."""
+    def read_files(self, info: CheckpointInfo, keep: Callable[[str], bool] | None = None) -> dict[str, bytes]:
+        """Every file of a committed checkpoint, each checked against its manifest checksum.
+
+        All files are checked; only those `keep` accepts are returned (a rank of a sharded
+        checkpoint needs only its own, but must reach the same verdict as every other rank).
+        """
         if info.status != "committed" or info.manifest is None:
             raise CorruptCheckpoint(info.name, info.problem or info.status)
         files = {}
@@ -121,7 +125,8 @@ class CheckpointStore:
                 raise CorruptCheckpoint(info.name, f"file '{fname}' unreadable ({exc})") from None
             if len(data) != entry.size or sha256_hex(data) != entry.sha256:
                 raise CorruptCheckpoint(info.name, f"file '{fname}' fails its sha256 check")
-            files[fname] = data
+            if keep is None or keep(fname):
+                files[fname] = data
         return files
 
     def verify(self, info: CheckpointInfo) -> CheckpointInfo:
@@ -133,14 +138,14 @@ class CheckpointStore:
                 info.status, info.problem = "corrupt", exc.reason
         return info
 
-    def latest_loadable(self) -> Selection:
+    def latest_loadable(self, keep: Callable[[str], bool] | None = None) -> Selection:
         """The newest checkpoint that verifies, its files, and a warning for each one skipped."""
         skipped: list[str] = []
         for info in reversed(self.scan()):
             if info.name.startswith(TMP_PREFIX):
                 continue  # never committed; not worth a warning on every start
             try:
-                files = self.read_files(info)
+                files = self.read_files(info, keep)
             except CorruptCheckpoint as exc:
                 skipped.append(f"skipped checkpoint {info.uri}: {exc.reason}")
                 log.warning(skipped[-1])
@@ -148,7 +153,7 @@ class CheckpointStore:
             return Selection(info, files, skipped)
         return Selection(None, {}, skipped)
 
-    def open_uri(self, uri: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+    def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None) -> tuple[CheckpointInfo, dict[str, bytes]]:
         """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not."""
         loc = storage.resolve(uri)
         name = os.path.basename(loc.path.rstrip("/"))
@@ -160,7 +165,7 @@ class CheckpointStore:
             )
         info = inspect_location(loc, name, int(match.group(1)) if match else -1)
         try:
-            return info, self.read_files(info)
+            return info, self.read_files(info, keep)
         except CorruptCheckpoint as exc:
             raise CheckpointError(
                 f"resume_from '{uri}': the checkpoint is {info.status if info.status != 'committed' else 'corrupt'} "

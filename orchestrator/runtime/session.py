@@ -78,26 +78,29 @@ class WorkerSession:
 
     # --- restore ------------------------------------------------------------------------------
 
-    def choose_checkpoint(self) -> Restored | None:
-        """The newest checkpoint committed during this run (after a restart), else the driver's pick."""
-        restored = self._load_chosen_checkpoint()
+    def choose_checkpoint(self, keep: Callable[[str], bool] | None = None) -> Restored | None:
+        """The newest checkpoint committed during this run (after a restart), else the driver's pick.
+
+        Every file is verified; only those `keep` accepts are held in memory.
+        """
+        restored = self._load_chosen_checkpoint(keep)
         if restored is not None:
             # The state at that step is committed already: saving it again would only rewrite it.
             self.last_save_step = restored.info.step
             self.restored_uri = restored.info.uri
         return restored
 
-    def _load_chosen_checkpoint(self) -> Restored | None:
+    def _load_chosen_checkpoint(self, keep: Callable[[str], bool] | None) -> Restored | None:
         latest = ray.get(self.monitor.latest_checkpoint.remote())
         uri = latest["uri"] if latest else self.resume_uri
         if uri is None:
             return None
         try:
-            info, files = self.store.open_uri(uri)
+            info, files = self.store.open_uri(uri, keep)
             return Restored(info, files)
         except Exception as exc:  # noqa: BLE001 - fall back to the newest checkpoint that verifies
             log.warning("checkpoint %s could not be loaded (%s); falling back to the newest that verifies", uri, exc)
-        selection = self.store.latest_loadable()
+        selection = self.store.latest_loadable(keep)
         return Restored(selection.info, selection.files) if selection.info else None
 
     def announce(self, restored: Restored | None) -> None:

@@ -239,7 +239,9 @@ class ResumableLoader:
 def train_torch(session: WorkerSession) -> None:
     spec = session.spec
     seed_everything(spec.seed)
-    restored = session.choose_checkpoint()
+    # A sharded checkpoint holds a file per rank: this rank loads only its own.
+    own_files = {STATE_FILE, shard_file(session.rank)}
+    restored = session.choose_checkpoint(keep=own_files.__contains__)
     session.announce(restored)
     ctx = TrainContext(session, restored)
     if ctx._done():
