@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -29,10 +29,6 @@ def shard_model(model: torch.nn.Module, device: torch.device, **fsdp_kwargs: Any
             fully_shard(module, **fsdp_kwargs)
     fully_shard(model, **fsdp_kwargs)
     return model
-
-
-def is_sharded(model: Any) -> bool:
-    return isinstance(model, FSDPModule)
 
 
 def local_state(state: Any) -> Any:
