@@ -166,8 +166,10 @@ class TrainContext:
         """
         session = self._session
         with session.stalling():
-            # Rank 0's token names this save's staging folder on every rank (sharded writes).
-            gathered = session.gather({"rng": capture_rng(), "token": uuid.uuid4().hex[:8]})
+            local: dict[str, Any] = {"rng": capture_rng()}
+            if session.sharded:  # rank 0's token names this save's staging folder on every rank
+                local["token"] = uuid.uuid4().hex[:8]
+            gathered = session.gather(local)
             ranks = [{"rng": entry["rng"]} for entry in gathered]
             if self.rank != 0 and not session.sharded:
                 session.commit(self.progress, reason, dict)
@@ -175,7 +177,8 @@ class TrainContext:
             state = TrainState(progress=self.progress, ranks=ranks, objects=self._tracked_state())
             snapshot = session.snapshot(state.to_dict())
             fname = shard_file(self.rank) if session.sharded else STATE_FILE
-            session.commit(self.progress, reason, lambda: {fname: dumps_state(snapshot)}, token=gathered[0]["token"])
+            session.commit(self.progress, reason, lambda: {fname: dumps_state(snapshot)},
+                           token=gathered[0].get("token", ""))
 
     # --- internals -----------------------------------------------------------------------------
 
