@@ -52,11 +52,14 @@ def _state_dir() -> Path:
     return path
 
 
-def connect(address: str | None) -> Connection:
+def connect(address: str | None, job_env: dict[str, str] | None = None) -> Connection:
     """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`.
 
-    No runtime_env is given to ray.init: inside `ray job submit` Ray refuses one that shares a key
-    with the job's own runtime_env. The training workers get theirs from RunConfig instead.
+    An embedded cluster's processes inherit this process's environment. Joining a cluster,
+    `job_env` becomes the job's runtime environment (Ray Train's controller reads some settings
+    from its own process environment); inside `ray job submit` Ray refuses a runtime_env that
+    shares a key with the job's own, so keys already in this environment are left out. The
+    training workers get their variables from RunConfig.
     """
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
@@ -69,6 +72,9 @@ def connect(address: str | None) -> Connection:
         logging_level=logging.WARNING,
     )
     if address:
+        env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
+        if env:
+            init_kwargs["runtime_env"] = {"env_vars": env}
         _join(address, init_kwargs)
         return Connection(False, address, _session_dir())
     reap_orphans()
@@ -76,6 +82,15 @@ def connect(address: str | None) -> Connection:
     connection = Connection(True, "embedded", _session_dir())
     _record(connection)
     return connection
+
+
+def _job_runtime_env_keys() -> set[str]:
+    """The env_vars keys of the `ray job submit` job this driver runs in (none outside a job)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
+        return set((config.get("runtime_env") or {}).get("env_vars") or {})
+    except (ValueError, AttributeError):
+        return set()
 
 
 def check_address(address: str | None) -> None:

@@ -15,23 +15,25 @@ from typing import Any
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import cluster, resume, storage
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.errors import RunStopped, TrainingFailed
+from orchestrator.faults import FailureClassifier
+from orchestrator.goodput import compute as compute_goodput
 from orchestrator.monitor import start_monitor
+from orchestrator.recovery import collective_timeout_s, recovery_settings
 from orchestrator.result import RunResult, write_summary
+from orchestrator.run_watcher import Console, RunWatcher, describe_failure
 from orchestrator.runtime.session import local_log_dir
 from orchestrator.runtime.worker import train_worker
 from orchestrator.signals import StopSignals
 from orchestrator.spec import JobSpec, resolve_spec
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
-# Seconds between the driver's polls of the run monitor.
-POLL_INTERVAL_S = 1.0
-
-Console = Callable[[str], None]
+# Seconds the driver waits for ended workers to be torn down after a stop's grace period.
+ABORT_WAIT_S = 15.0
 
 
 def _print(line: str) -> None:
@@ -64,35 +66,96 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
 
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
-    connection = cluster.connect(address)
-    try:
-        monitor = start_monitor()
-        trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor, worker_env)
-        watcher = _ProgressPrinter(monitor, job, say)
-        watcher.start()
-        error: BaseException | None = None
-        signals = StopSignals()
+    with recovery_settings(job.failure) as controller_env:
+        connection = cluster.connect(address, job_env=controller_env)
         try:
-            with signals.installed():
-                trainer.fit()
-        except BaseException as exc:  # noqa: BLE001 - reported below, with the worker's own message
-            error = exc
+            monitor = start_monitor(job.failure.hang_timeout_s)
+            trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor, worker_env)
+            watcher = RunWatcher(monitor, job, say)
+            signals = StopSignals(on_stop=lambda deadline: _request_stop(monitor, say, deadline))
+            watcher.start()
+            try:
+                with signals.installed():
+                    error = _fit(trainer, monitor, signals, say, lambda: _write_partial_summary(
+                        job, run_dir, monitor, choice, started, watcher, signals))
+            finally:
+                watcher.stop()
+            stopped_by = signals.stopped_by(error)
+            result = _result(job, run_dir, monitor, choice, started, watcher, error, stopped_by)
+            if error is not None and not stopped_by:
+                result.error = describe_failure(job, error, run_dir, result, watcher)
+            # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
+            write_summary(run_dir, result)
         finally:
-            watcher.stop()
-        stopped_by = signals.stopped_by(error)
-        result = RunResult.from_events(job, run_dir, ray.get(monitor.events_since.remote(0)), choice,
-                                       wall_seconds=time.time() - started, error=error, stopped_by=stopped_by)
-        # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
-        write_summary(run_dir, result)
-    finally:
-        cluster.disconnect(connection)
+            cluster.disconnect(connection)
 
     if stopped_by:
         raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
     if error is not None:
-        raise TrainingFailed(_failure_message(job, error, run_dir))
+        raise TrainingFailed(result.error)
     say(result.describe())
     return result
+
+
+def _fit(trainer: TorchTrainer, monitor, signals: StopSignals, say: Console,
+         on_first_signal: Callable[[], None]) -> BaseException | None:
+    """trainer.fit() on a thread of its own, so that this (main) thread keeps its signal handling.
+
+    A stop request gives the workers until the grace period's end to checkpoint and finish; then
+    they are ended (the run monitor tells them), and a second signal stops waiting at once.
+    """
+    outcome: dict[str, BaseException | None] = {"error": None}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller, with the worker's own message
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
+    thread.start()
+    aborting_since = None
+    summarized = False
+    while thread.is_alive():
+        thread.join(timeout=0.2)
+        if signals.received and not summarized:
+            summarized = True
+            on_first_signal()  # the sender may kill this process before the workers are done
+        left = signals.grace_left()
+        if left is not None and left <= 0 and aborting_since is None:
+            say("the stop's grace period ran out: ending the workers (the newest committed checkpoint is kept)")
+            monitor.abort.remote("the run was stopped and its grace period ran out")
+            aborting_since = time.monotonic()
+        if signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
+            return outcome["error"] or RuntimeError("stopped before the workers finished")
+    return outcome["error"]
+
+
+def _request_stop(monitor, say: Console, deadline_monotonic: float) -> None:
+    grace = max(0.0, deadline_monotonic - time.monotonic())
+    say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.0f} s; "
+        "signal again to stop at once)")
+    monitor.request_stop.remote(time.time() + grace)
+
+
+def _result(job: JobSpec, run_dir, monitor, choice, started: float, watcher: RunWatcher,
+            error: BaseException | None, stopped_by: str | None) -> RunResult:
+    ended = time.time()
+    events = ray.get(monitor.events_since.remote(0), timeout=30)
+    last_steps = ray.get(monitor.last_steps.remote(), timeout=30)
+    goodput = compute_goodput(events, started=started, ended=ended, capacity_waits=watcher.capacity_waits(),
+                              last_steps=last_steps)
+    return RunResult.from_events(job, run_dir, events, choice, wall_seconds=ended - started, error=error,
+                                 stopped_by=stopped_by, goodput=goodput)
+
+
+def _write_partial_summary(job, run_dir, monitor, choice, started, watcher, signals) -> None:
+    """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""
+    try:
+        write_summary(run_dir, _result(job, run_dir, monitor, choice, started, watcher, None,
+                                       signals.received))
+    except Exception:  # noqa: BLE001 - the final summary is written again at the end
+        pass
 
 
 def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
@@ -112,6 +175,7 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
     return TorchTrainer(
         train_loop_per_worker=train_worker,
         train_loop_config=config,
+        torch_config=TorchConfig(timeout_s=collective_timeout_s(job.failure)),
         scaling_config=ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -122,8 +186,12 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
             # Ray keeps its own run state here; checkpoints are ours, in <run_dir>/checkpoints.
             name=f"{job.name}-{int(time.time())}",
             storage_path=ray_dir.uri if not ray_dir.is_local else ray_dir.path,
+            # A worker group that cannot be placed within capacity_timeout_s (Ray Train's start
+            # timeout, see recovery.py) is given up on, not retried: the run says what it lacked.
             failure_config=FailureConfig(max_failures=job.failure.max_failures,
-                                         max_preemption_failures=job.failure.max_preemptions),
+                                         max_preemption_failures=job.failure.max_preemptions,
+                                         controller_failure_limit=0),
+            callbacks=[FailureClassifier(monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             worker_runtime_env={"env_vars": worker_env},
         ),
@@ -160,81 +228,8 @@ def _already_finished(job: JobSpec, run_dir, choice: resume.ResumeChoice) -> Run
                      final_checkpoint=choice.uri, resumed_from=choice.to_dict())
 
 
-def _failure_message(job: JobSpec, error: BaseException, run_dir) -> str:
-    """One paragraph: the worker's own exception (not Ray's wrapping) and where the logs are."""
-    root = error
-    worker_failures = getattr(error, "worker_failures", None)
-    if worker_failures:
-        _, root = sorted(worker_failures.items())[0]
-    text = str(root).strip()
-    # Keep the user's exception line, not the whole remote traceback.
-    lines = [line for line in text.splitlines() if line.strip()]
-    tail = lines[-1] if lines else type(root).__name__
-    logs = local_log_dir(run_dir.uri) or "Ray's worker logs (ray logs)"
-    return (f"run '{job.name}' failed: {tail}. Worker logs: {logs}. The newest committed checkpoint is kept; "
-            "fix the cause and run the same command again to resume from it.")
-
-
 def _stopped_message(job: JobSpec, signal_name: str, result: RunResult) -> str:
     kept = (f"the newest committed checkpoint is {result.final_checkpoint}" if result.final_checkpoint
             else "no checkpoint was committed yet")
     return (f"run '{job.name}' stopped by {signal_name} after step {result.global_step}; {kept}. "
             "Run the same command again to resume from the newest committed checkpoint.")
-
-
-class _ProgressPrinter:
-    """Polls the run monitor and prints one line per progress event, plus restarts and checkpoints."""
-
-    def __init__(self, monitor, job: JobSpec, say: Console):
-        self.monitor, self.job, self.say = monitor, job, say
-        self._stop = threading.Event()
-        self._seen = 0
-        self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
-        self._starts = 0
-        max_epochs = job.lightning.trainer.get("max_epochs") if job.lightning else job.torch.max_epochs
-        self._epochs = f"/{max_epochs}" if max_epochs else ""
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._drain()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL_S):
-            self._drain()
-
-    def _drain(self) -> None:
-        try:
-            events = ray.get(self.monitor.events_since.remote(self._seen), timeout=10)
-        except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
-            return
-        self._seen += len(events)
-        for event in events:
-            line = self._format(event)
-            if line:
-                self.say(line)
-
-    def _format(self, event: dict[str, Any]) -> str | None:
-        kind = event["kind"]
-        if kind == "worker_started" and event["rank"] == 0:
-            self._starts += 1
-            where = f"resuming from step {event['restored_step']}" if event["restored_from"] else "starting fresh"
-            prefix = "restarted: " if self._starts > 1 else ""
-            return f"{prefix}{event['world_size']} workers up, {where}"
-        if kind == "progress":
-            metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event["metrics"].items()))
-            # Mid-epoch events carry the epoch in progress (0-based); boundary events the epochs done.
-            at_boundary = event["batch_in_epoch"] == 0
-            epoch = f"epoch {event['epoch'] if at_boundary else event['epoch'] + 1}{self._epochs}"
-            epoch += " done" if at_boundary else ""
-            rate = f"  {event['samples_per_s']:,.0f} samples/s" if event.get("samples_per_s") else ""
-            return f"{epoch:<14} step {event['step']:>6}  {metrics}{rate}"
-        if kind == "checkpoint":
-            return f"checkpoint committed: step {event['step']} ({event['reason']}) -> {event['uri']}"
-        if kind == "preemption":
-            return (f"preemption notice: node(s) {', '.join(n[:12] for n in event['nodes'])} go away in "
-                    f"{event['seconds_left']}; checkpointing at step {event['step']}")
-        return None

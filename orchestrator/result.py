@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import storage
+from orchestrator.goodput import describe as goodput_line
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
@@ -39,6 +40,11 @@ class RunResult:
     checkpoint_stall_s: float = 0.0
     # Seconds spent after training waiting for the last checkpoint write to commit.
     final_flush_s: float = 0.0
+    # Every failure of a worker group, in order: when, its classification (user |
+    # infrastructure | hang | stopped) and each failing rank's error and where it was raised.
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    # wall_s, productive_s, lost_s by cause, recomputed_steps, goodput (see goodput.py).
+    goodput: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
     @property
@@ -51,14 +57,13 @@ class RunResult:
 
     @classmethod
     def from_events(cls, job, run_dir: Location, events: list[dict[str, Any]], choice, *, wall_seconds: float,
-                    error: BaseException | None, stopped_by: str | None = None) -> RunResult:
-        starts = [e for e in events if e["kind"] == "worker_started"]
-        groups: list[list[dict[str, Any]]] = []
-        for event in starts:
-            # Ranks of one group announce in any order; a rank seen again means a new group.
-            if not groups or any(e["rank"] == event["rank"] for e in groups[-1]):
-                groups.append([])
-            groups[-1].append(event)
+                    error: BaseException | None, stopped_by: str | None = None,
+                    goodput: dict[str, Any] | None = None) -> RunResult:
+        by_group: dict[int, list[dict[str, Any]]] = {}
+        for event in events:
+            if event["kind"] == "worker_started":
+                by_group.setdefault(event["group"], []).append(event)
+        groups = [by_group[g] for g in sorted(by_group)]
         finished = next((e for e in reversed(events) if e["kind"] == "finished"), None)
         progress = next((e for e in reversed(events) if e["kind"] == "progress"), None)
         checkpoints = [e for e in events if e["kind"] == "checkpoint"]
@@ -85,6 +90,8 @@ class RunResult:
             checkpoints_committed=len(checkpoints),
             checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
             final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
+            failures=[{k: v for k, v in e.items() if k != "kind"} for e in events if e["kind"] == "failure"],
+            goodput=goodput or {},
             error=_error_line(error, stopped_by),
         )
 
@@ -111,12 +118,13 @@ class RunResult:
             f"  metrics: {metrics or '-'}\n"
             f"  final checkpoint: {self.final_checkpoint}\n"
             f"  weights_sha256: {self.weights_sha256}\n"
-            f"  summary: {self.summary_path}"
+            + (f"  {goodput_line(self.goodput)}\n" if self.goodput else "")
+            + f"  summary: {self.summary_path}"
         )
 
 
 def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None) -> str:
-    if stopped_by:
+    if stopped_by or (finished or {}).get("stopped"):
         return "stopped"
     return "failed" if error is not None or finished is None else "finished"
 

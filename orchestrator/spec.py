@@ -123,10 +123,20 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class FailureSpec:
-    # Worker-group restarts allowed before the run fails (-1: unlimited, 0: none).
+    # Worker-group restarts allowed after infrastructure failures (a lost node or worker, a hang,
+    # a lost connection) before the run fails (-1: unlimited, 0: none). An exception raised by the
+    # user's code is never retried: the run fails at once.
     max_failures: int = 3
     # Restarts after a node preemption, counted apart from max_failures (-1: unlimited).
     max_preemptions: int = -1
+    # Seconds without progress after which a worker counts as hung and the group restarts from
+    # the newest checkpoint: a rank that stops answering (SIGSTOP, a frozen node) or ranks that
+    # stop taking optimizer steps while training (a deadlock, a stuck collective). The first
+    # step, checkpoints and validation are not timed. Must exceed the longest optimizer step.
+    hang_timeout_s: float = 60.0
+    # Seconds a run waits for the cluster to have room for its workers, at the start or after a
+    # loss, before it gives up (exit 1, checkpoints kept). It says what it waits for every 30 s.
+    capacity_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -419,7 +429,9 @@ def _failure(raw: Any) -> FailureSpec:
     _mapping(raw, path)
     _check_keys(raw, FailureSpec, path)
     return FailureSpec(max_failures=_int(raw, "max_failures", path, 3, minimum=-1),
-                       max_preemptions=_int(raw, "max_preemptions", path, -1, minimum=-1))
+                       max_preemptions=_int(raw, "max_preemptions", path, -1, minimum=-1),
+                       hang_timeout_s=_seconds(raw, "hang_timeout_s", path, 60.0, minimum=5.0),
+                       capacity_timeout_s=_seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0))
 
 
 def _env(raw: Any) -> dict[str, str]:
@@ -551,6 +563,16 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None, minim
         raise SpecError(f"field '{where}': got {value}, but it must be at least {minimum}. "
                         f"Fix: set {where} to {minimum} or more.")
     return value
+
+
+def _seconds(raw: Mapping[str, Any], key: str, path: str, default: float, minimum: float) -> float:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise SpecError(f"field '{path}.{key}': got {_describe(value)}; it must be a number of seconds of at "
+                        f"least {minimum:g}. Fix: e.g. {key}: {default:g}.")
+    return float(value)
 
 
 def _bool(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:

@@ -15,23 +15,63 @@ from jobs.digits import DigitsClassifier
 from jobs.digits_torch import train_loop as digits_train_loop
 
 
-def _kill_once(marker: str, step: int, at: int, rank: int, on_rank: int) -> None:
+def _kill_once(marker: str, step: int, at: int, rank: int, on_rank: int, signum: int = signal.SIGKILL) -> None:
     if step == at and rank == on_rank and not Path(marker).exists():
         Path(marker).write_text(str(step))
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signum)
+
+
+def _fault_step(ctx, act) -> None:
+    """Run jobs.digits_torch's loop, calling act(step) after every ctx.step()."""
+    original_step = ctx.step
+
+    def step(**metrics):
+        original_step(**metrics)
+        act(ctx.global_step)
+
+    ctx.step = step
+    digits_train_loop(ctx)
+
+
+def torch_loop_frozen_once(ctx) -> None:
+    """jobs.digits_torch's loop; the worker of rank `kill_rank` is SIGSTOPped after step `kill_at`
+    (frozen, as on a stalled node: it neither dies nor answers)."""
+    fault = ctx.config.pop("fault")
+    _fault_step(ctx, lambda step: _kill_once(fault["marker"], step, fault["kill_at"], ctx.rank,
+                                             fault.get("kill_rank", 1), signal.SIGSTOP))
+
+
+def torch_loop_deadlocked_once(ctx) -> None:
+    """jobs.digits_torch's loop; rank `kill_rank` stops making progress after step `kill_at` (it
+    waits on a lock nobody releases) while its process keeps running."""
+    import threading
+
+    fault = ctx.config.pop("fault")
+
+    def act(step):
+        if step == fault["kill_at"] and ctx.rank == fault.get("kill_rank", 1) and not Path(fault["marker"]).exists():
+            Path(fault["marker"]).write_text(str(step))
+            threading.Event().wait()
+
+    _fault_step(ctx, act)
+
+
+def torch_loop_raises(ctx) -> None:
+    """jobs.digits_torch's loop with a bug: rank 1 raises at step `raise_at`, on every attempt."""
+    raise_at = ctx.config.pop("raise_at")
+
+    def act(step):
+        if step == raise_at and ctx.rank == 1:
+            raise ValueError(f"bad batch at step {step}")
+
+    _fault_step(ctx, act)
 
 
 def torch_loop_killed_once(ctx) -> None:
     """jobs.digits_torch's loop; the worker of rank `kill_rank` dies after step `kill_at`."""
     fault = ctx.config.pop("fault")
-    original_step = ctx.step
-
-    def step(**metrics):
-        original_step(**metrics)
-        _kill_once(fault["marker"], ctx.global_step, fault["kill_at"], ctx.rank, fault.get("kill_rank", 1))
-
-    ctx.step = step
-    digits_train_loop(ctx)
+    _fault_step(ctx, lambda step: _kill_once(fault["marker"], step, fault["kill_at"], ctx.rank,
+                                             fault.get("kill_rank", 1)))
 
 
 class KilledOnceClassifier(DigitsClassifier):
@@ -43,7 +83,28 @@ class KilledOnceClassifier(DigitsClassifier):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         marker, kill_at, kill_rank = self._fault
-        _kill_once(marker, self.trainer.global_step, kill_at, self.global_rank, kill_rank)
+        _kill_once(marker, self.trainer.global_step, kill_at, self.global_rank, kill_rank, self.signum)
+
+    signum = signal.SIGKILL
+
+
+class FrozenOnceClassifier(KilledOnceClassifier):
+    """The quickstart model; the worker of rank `kill_rank` is SIGSTOPped after step `kill_at`."""
+
+    signum = signal.SIGSTOP
+
+
+class BuggyClassifier(DigitsClassifier):
+    """The quickstart model with a bug: training_step raises on rank 1 at step `raise_at`."""
+
+    def __init__(self, raise_at: int, **kwargs):
+        super().__init__(**kwargs)
+        self.raise_at = raise_at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and self.trainer.global_step == self.raise_at:
+            raise KeyError(f"no such feature at step {self.raise_at}")
+        return super().training_step(batch, batch_idx)
 
 
 def _mark(marker: str | None, step: int, at: int | None, rank: int) -> None:

@@ -109,16 +109,20 @@ class CheckpointStore:
     def _inspect(self, name: str, step: int) -> CheckpointInfo:
         return inspect_location(self.root.join(name), name, step)
 
-    def read_files(self, info: CheckpointInfo, keep: Callable[[str], bool] | None = None) -> dict[str, bytes]:
-        """Every file of a committed checkpoint, each checked against its manifest checksum.
+    def read_files(self, info: CheckpointInfo, keep: Callable[[str], bool] | None = None, *,
+                   verify_all: bool = True) -> dict[str, bytes]:
+        """The files of a committed checkpoint, each checked against its manifest checksum.
 
-        All files are checked; only those `keep` accepts are returned (a rank of a sharded
-        checkpoint needs only its own, but must reach the same verdict as every other rank).
+        Only the files `keep` accepts are returned. With `verify_all`, every file is read and
+        checked (whoever decides which checkpoint a group resumes from); without, only the kept
+        ones (a rank loading the checkpoint already chosen for it reads only its own shard).
         """
         if info.status != "committed" or info.manifest is None:
             raise CorruptCheckpoint(info.name, info.problem or info.status)
         files = {}
         for fname, entry in info.manifest.files.items():
+            if not verify_all and keep is not None and not keep(fname):
+                continue
             try:
                 data = storage.read_bytes(info.location.join(fname))
             except (OSError, FileNotFoundError) as exc:
@@ -153,7 +157,8 @@ class CheckpointStore:
             return Selection(info, files, skipped)
         return Selection(None, {}, skipped)
 
-    def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None) -> tuple[CheckpointInfo, dict[str, bytes]]:
+    def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None, *,
+                 verify_all: bool = True) -> tuple[CheckpointInfo, dict[str, bytes]]:
         """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not."""
         loc = storage.resolve(uri)
         name = os.path.basename(loc.path.rstrip("/"))
@@ -165,7 +170,7 @@ class CheckpointStore:
             )
         info = inspect_location(loc, name, int(match.group(1)) if match else -1)
         try:
-            return info, self.read_files(info, keep)
+            return info, self.read_files(info, keep, verify_all=verify_all)
         except CorruptCheckpoint as exc:
             raise CheckpointError(
                 f"resume_from '{uri}': the checkpoint is {info.status if info.status != 'committed' else 'corrupt'} "

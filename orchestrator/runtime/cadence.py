@@ -5,9 +5,10 @@ Step counts are equal on every rank, so step-based saves need no communication. 
 preemption decisions belong to rank 0: clocks differ between ranks, and Ray tells each worker of
 a coming preemption at a slightly different moment, while a save needs every rank at the same
 step. Rank 0 therefore shares its decisions at *agreement steps* that every rank knows in
-advance: at each one it broadcasts three numbers (a time-based save is due; a preemption is
-coming; the step of the next agreement), spacing agreements about AGREEMENT_INTERVAL_S apart
-whatever the step time. That is one tiny broadcast a second instead of one every step.
+advance: at each one it broadcasts four numbers (a time-based save is due; a preemption is
+coming; the step of the next agreement; the driver asked the run to stop), spacing agreements
+about AGREEMENT_INTERVAL_S apart whatever the step time. That is one tiny broadcast a second
+instead of one every step.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
+from orchestrator.runtime.collectives import broadcast_tensor
 from orchestrator.spec import CheckpointSpec
 
 log = logging.getLogger("orchestrator.worker")
@@ -46,27 +47,30 @@ def preemption_notice():
 
 class SaveCadence:
     def __init__(self, spec: CheckpointSpec, rank: int, world_size: int,
-                 notice: Callable[[], object | None] = preemption_notice):
+                 notice: Callable[[], object | None] = preemption_notice,
+                 stop_requested: Callable[[], bool] = lambda: False):
         self.spec = spec
         self.rank, self.world_size = rank, world_size
         self._notice = notice
-        self._timed = spec.every_n_seconds is not None or spec.on_preemption
+        self._stop_requested = stop_requested
         self._last_save_time = time.monotonic()
         self._next_agreement: int | None = None  # None: the first step after (re)start agrees
         self._last_agreement = (0, time.monotonic())
         self._preemption_handled = False
-        self._group = None
         # The notice that triggered a preemption save (rank 0), for the driver's log.
         self.preemption: object | None = None
 
     def reason(self, step: int) -> str | None:
-        """Why to save after `step`: "preemption", "steps", "seconds", or None.
+        """Why to save after `step`: "stop", "preemption", "steps", "seconds", or None.
 
-        Every rank must call it after every optimizer step, with the same step numbers.
+        Every rank must call it after every optimizer step, with the same step numbers. "stop"
+        (the driver asked the run to stop) means: save, then end training.
         """
         reason = "steps" if self.spec.every_n_steps and step % self.spec.every_n_steps == 0 else None
-        if self._timed and (self._next_agreement is None or step >= self._next_agreement):
-            seconds_due, preempted = self._agree(step)
+        if self._next_agreement is None or step >= self._next_agreement:
+            seconds_due, preempted, stop = self._agree(step)
+            if stop:
+                return "stop"
             if preempted and not self._preemption_handled:
                 self._preemption_handled = True
                 return "preemption"
@@ -77,8 +81,8 @@ class SaveCadence:
     def saved(self) -> None:
         self._last_save_time = time.monotonic()
 
-    def _agree(self, step: int) -> tuple[bool, bool]:
-        decision = torch.zeros(3, dtype=torch.int64)
+    def _agree(self, step: int) -> tuple[bool, bool, bool]:
+        decision = torch.zeros(4, dtype=torch.int64)
         if self.rank == 0:
             now = time.monotonic()
             seconds = self.spec.every_n_seconds
@@ -87,10 +91,11 @@ class SaveCadence:
                 self.preemption = self._notice()
                 decision[1] = int(self.preemption is not None)
             decision[2] = step + self._steps_to_next_agreement(step, now)
+            decision[3] = int(self._stop_requested())
             self._last_agreement = (step, now)
-        self._broadcast(decision)
+        broadcast_tensor(decision)
         self._next_agreement = int(decision[2])
-        return bool(decision[0]), bool(decision[1])
+        return bool(decision[0]), bool(decision[1]), bool(decision[3])
 
     def _steps_to_next_agreement(self, step: int, now: float) -> int:
         if self._next_agreement is None:
@@ -100,12 +105,3 @@ class SaveCadence:
         # Capped, so that steps that slow down later (evaluation, a bigger batch) cannot push
         # the next agreement far away.
         return max(1, min(round(AGREEMENT_INTERVAL_S / step_time), MAX_STEPS_BETWEEN_AGREEMENTS))
-
-    def _broadcast(self, tensor: torch.Tensor) -> None:
-        """From rank 0 to all, over gloo on the CPU even when training uses NCCL: a CPU tensor cannot
-        go through NCCL, and a CUDA one would make the step wait for the GPU."""
-        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return
-        if self._group is None:
-            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        dist.broadcast(tensor, src=0, group=self._group)

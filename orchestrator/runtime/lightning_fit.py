@@ -27,8 +27,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from orchestrator.checkpoint import dumps_state, loads_state
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
-from orchestrator.runtime.session import Restored, WorkerSession
+from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.train_state import Progress
 
 log = logging.getLogger("orchestrator.worker")
@@ -49,6 +50,9 @@ class OrchestratorCallback(Callback):
         self._snapshot_prepared = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        heartbeat = self.session.heartbeat
+        if heartbeat.phase in (EPOCH_END, VALIDATION):
+            heartbeat.enter(TRAINING)
         if self._pending_rng is not None:  # the first batch after a resume: continue each rank's RNG stream
             restore_rng(self._pending_rng)
             self._pending_rng = None
@@ -63,16 +67,28 @@ class OrchestratorCallback(Callback):
         if isinstance(loss, torch.Tensor):
             self.progress.metrics["loss"] = float(loss.detach())
         self._update(trainer, batch_in_epoch=batch_idx + 1)
-        self.session.progress(self.progress)
         step = trainer.global_step
         # Only at a completed optimizer step (not mid gradient accumulation), once per step.
         if step != self._last_step:
             self._last_step = step
+            self.session.stepped(self.progress)
             reason = self.session.save_reason(step)
             if reason:
                 self._save(trainer, reason)
+            if reason == "stop":
+                raise StopTraining
+        else:
+            self.session.progress(self.progress)
+
+    # Validation (and Lightning's sanity check) may take longer than the hang timeout.
+    def on_validation_start(self, trainer, pl_module):
+        self.session.heartbeat.enter(VALIDATION)
+
+    def on_sanity_check_start(self, trainer, pl_module):
+        self.session.heartbeat.enter(VALIDATION)
 
     def on_train_epoch_end(self, trainer, pl_module):
+        self.session.heartbeat.enter(EPOCH_END)
         self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
         self._update(trainer, batch_in_epoch=0, epoch=trainer.current_epoch + 1)
         self.session.progress(self.progress, force=True)
@@ -80,6 +96,7 @@ class OrchestratorCallback(Callback):
             self._save(trainer, "epoch_end")
 
     def on_train_end(self, trainer, pl_module):
+        self.session.heartbeat.enter(FINISHING)
         if trainer.global_step != self.session.last_save_step:
             self._update(trainer, batch_in_epoch=self.progress.batch_in_epoch)
             self._save(trainer, "end")
@@ -109,7 +126,7 @@ class OrchestratorCallback(Callback):
 def train_lightning(session: WorkerSession) -> None:
     spec = session.spec.lightning
     seed_everything(session.spec.seed)
-    restored = session.choose_checkpoint()
+    restored = session.start()
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = spec.data.build()
@@ -117,7 +134,8 @@ def train_lightning(session: WorkerSession) -> None:
     _use_stateful_train_loader(datamodule, seed=session.spec.seed, epoch=start_epoch)
 
     callback = OrchestratorCallback(session, pending_rng)
-    trainer_args = {"logger": False, **spec.trainer}
+    # Quiet by default (the driver prints progress); a user's own value wins.
+    trainer_args = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, **spec.trainer}
     trainer = pl.Trainer(
         **trainer_args,
         devices="auto",
@@ -126,12 +144,16 @@ def train_lightning(session: WorkerSession) -> None:
         plugins=[RayLightningEnvironment()],
         callbacks=[callback],
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tempfile.mkdtemp(prefix="orchestrator-lightning-"),
     )
     trainer = prepare_trainer(trainer)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except StopTraining:
+        # The stop checkpoint is in the writer's hands; finish() commits it.
+        session.finish(callback.progress, weights_sha256(model.state_dict()) if session.rank == 0 else "", {},
+                       stopped=True)
+        return
     callback.progress.step = trainer.global_step
     test_metrics: dict[str, float] = {}
     if _has_test(model, datamodule):

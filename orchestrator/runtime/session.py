@@ -1,4 +1,4 @@
-"""What both harnesses share inside a worker: identity, the chosen checkpoint, saving, reporting.
+"""What both harnesses share inside a worker: identity, the group's resume point, saving, reporting.
 
 One `WorkerSession` per worker process. Rank 0 owns the checkpoint writer; every rank takes part
 in the collective steps (gathering per-rank state, agreeing that a time-based save is due).
@@ -20,11 +20,13 @@ from typing import Any
 import ray
 import ray.train
 import torch
-import torch.distributed as dist
 
 from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
+from orchestrator.faults import TransientStartError
 from orchestrator.runtime.cadence import SaveCadence
+from orchestrator.runtime.collectives import all_gather_object, broadcast_object
+from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
 from orchestrator.spec import JobSpec
@@ -48,6 +50,11 @@ class Restored:
         return self.info.manifest
 
 
+class StopTraining(Exception):
+    """Raised in the training loop once the stop checkpoint is handed over: the driver asked the
+    run to stop (Ctrl-C, SIGTERM, `ray job stop`). The harness catches it and ends cleanly."""
+
+
 class WorkerSession:
     def __init__(self, config: dict[str, Any]):
         self.spec: JobSpec = config["spec"]
@@ -58,6 +65,7 @@ class WorkerSession:
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.local_rank = context.get_local_rank()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.store = CheckpointStore.for_run(self.run_uri)
         # Sharded state (torch.strategy: fsdp): every rank writes its own part of each checkpoint.
         self.sharded = self.spec.torch is not None and self.spec.torch.strategy == "fsdp"
@@ -65,48 +73,93 @@ class WorkerSession:
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 or self.sharded else None
         self._buffers = SnapshotBuffers()
-        self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size)
+        self.heartbeat: Heartbeat | None = None
+        self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size,
+                                   stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested))
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
-        # The checkpoint this worker group started from (None: a fresh start).
+        # This worker group's number in the run (from the monitor), and the checkpoint it started
+        # from (None: a fresh start).
+        self.group = 0
         self.restored_uri: str | None = None
+        self._rank0_restored: Restored | None = None
         self._last_progress = 0.0
+        self._first_step_reported = False
         self._samples_since = 0
         self._since = time.monotonic()
         _quiet_worker(self.spec, self.rank, config.get("log_dir"))
 
-    # --- restore ------------------------------------------------------------------------------
+    # --- the start of a worker group: one resume point for every rank ---------------------------
 
-    def choose_checkpoint(self, keep: Callable[[str], bool] | None = None) -> Restored | None:
-        """The newest checkpoint committed during this run (after a restart), else the driver's pick.
+    def start(self, keep: Callable[[str], bool] | None = None) -> Restored | None:
+        """Begin this worker group and load the checkpoint it resumes from.
 
-        Every file is verified; only those `keep` accepts are held in memory.
+        Rank 0 alone decides which checkpoint: the newest committed during this run (after a
+        restart), else the driver's choice; if that one cannot be read, the newest that verifies,
+        announced as such. Every rank then loads exactly that checkpoint (only the files `keep`
+        accepts are held in memory). A rank that cannot read it fails the start on every rank,
+        with a message naming the checkpoint, the rank and the cause, and Ray Train retries the
+        start: no rank ever falls back on its own, so no rank resumes at another step.
         """
-        restored = self._load_chosen_checkpoint(keep)
+        decision = broadcast_object(self._decide(keep) if self.rank == 0 else None)
+        restored = None
+        error = decision.get("error")
+        if self.rank == 0:
+            restored = self._rank0_restored
+        elif decision["uri"] is not None and error is None:
+            try:
+                info, files = self.store.open_uri(decision["uri"], keep, verify_all=False)
+                restored = Restored(info, files)
+            except Exception as exc:  # noqa: BLE001 - reported below, by every rank alike
+                error = f"rank {self.rank} could not read it: {type(exc).__name__}: {exc}"
+        errors = [e for e in all_gather_object(error) if e]
+        if errors:
+            raise TransientStartError(
+                f"the worker group could not resume from checkpoint {decision['uri']}: {errors[0]}. "
+                "Ray Train starts the group again (counted against failure.max_failures).")
+        self.group = decision["group"]
+        self.heartbeat = Heartbeat(self.monitor, self.group, self.rank, node_id=self.node_id,
+                                   flush_logs=_flush_logs).start()
         if restored is not None:
             # The state at that step is committed already: saving it again would only rewrite it.
             self.last_save_step = restored.info.step
             self.restored_uri = restored.info.uri
         return restored
 
-    def _load_chosen_checkpoint(self, keep: Callable[[str], bool] | None) -> Restored | None:
-        latest = ray.get(self.monitor.latest_checkpoint.remote())
-        uri = latest["uri"] if latest else self.resume_uri
-        if uri is None:
-            return None
+    def _decide(self, keep: Callable[[str], bool] | None) -> dict[str, Any]:
+        """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
+        begun = ray.get(self.monitor.begin_group.remote(self.world_size), timeout=60)
+        candidate = begun["latest_uri"] or self.resume_uri
+        decision: dict[str, Any] = {"group": begun["group"], "uri": candidate, "error": None}
+        self._rank0_restored = None
+        if candidate is None:
+            return decision
         try:
-            info, files = self.store.open_uri(uri, keep)
-            return Restored(info, files)
-        except Exception as exc:  # noqa: BLE001 - fall back to the newest checkpoint that verifies
-            log.warning("checkpoint %s could not be loaded (%s); falling back to the newest that verifies", uri, exc)
-        selection = self.store.latest_loadable(keep)
-        return Restored(selection.info, selection.files) if selection.info else None
+            info, files = self.store.open_uri(candidate, keep)
+            self._rank0_restored = Restored(info, files)
+            return decision
+        except Exception as exc:  # noqa: BLE001 - one announced decision for the whole group
+            cause = f"{type(exc).__name__}: {exc}"
+        try:
+            selection = self.store.latest_loadable(keep)
+        except Exception as exc:  # noqa: BLE001 - the storage itself fails: retry the start
+            selection = None
+            cause += f"; listing the run's checkpoints failed too: {exc}"
+        if selection is None or selection.info is None:
+            decision["error"] = f"rank 0 could not read it ({cause}) nor any other committed checkpoint"
+            return decision
+        self._rank0_restored = Restored(selection.info, selection.files)
+        decision["uri"] = selection.info.uri
+        log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
+                    candidate, cause, selection.info.uri)
+        self.monitor.push.remote("resume_fallback", wanted=candidate, cause=cause, uri=selection.info.uri)
+        return decision
 
     def announce(self, restored: Restored | None) -> None:
         self.monitor.push.remote(
-            "worker_started", rank=self.rank, world_size=self.world_size,
-            node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
+            "worker_started", rank=self.rank, world_size=self.world_size, group=self.group,
+            node_id=self.node_id, hostname=socket.gethostname(),
             pid=os.getpid(), restored_from=restored.info.uri if restored else None,
             restored_step=restored.info.step if restored else None,
         )
@@ -116,7 +169,15 @@ class WorkerSession:
     def count_samples(self, n: int) -> None:
         self._samples_since += n
 
-    def progress(self, progress: Progress, *, force: bool = False) -> None:
+    def stepped(self, progress: Progress) -> None:
+        """After every optimizer step: the heartbeat's progress, and the driver's progress events."""
+        self.heartbeat.stepped(progress.step)
+        first = not self._first_step_reported
+        self._first_step_reported = True
+        # The group's first step is always reported: goodput counts from it.
+        self.progress(progress, force=first, first_step=first)
+
+    def progress(self, progress: Progress, *, force: bool = False, first_step: bool = False) -> None:
         now = time.monotonic()
         if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_INTERVAL_S):
             return
@@ -125,7 +186,8 @@ class WorkerSession:
         if self._samples_since and self._last_progress:
             samples_per_s = self._samples_since * self.world_size / max(now - self._since, 1e-9)
         self._samples_since, self._since, self._last_progress = 0, now, now
-        self.monitor.push.remote("progress", samples_per_s=samples_per_s, **progress.to_dict())
+        self.monitor.push.remote("progress", samples_per_s=samples_per_s, group=self.group, first_step=first_step,
+                                 stall_s=self.stall_seconds, **progress.to_dict())
 
     # --- saving -------------------------------------------------------------------------------
 
@@ -149,20 +211,17 @@ class WorkerSession:
 
     @contextlib.contextmanager
     def stalling(self):
-        """Time a block of the training loop that exists only to checkpoint."""
+        """Time a block of the training loop that exists only to checkpoint (not a hang either)."""
         start = time.perf_counter()
         try:
-            yield
+            with self.heartbeat.during(CHECKPOINT):
+                yield
         finally:
             self.stall_seconds += time.perf_counter() - start
 
     def gather(self, local: Any) -> list[Any]:
         """Collect one object from every rank (e.g. RNG states), in rank order."""
-        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
-            return [local]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, local)
-        return out
+        return all_gather_object(local)
 
     def prepare_snapshot(self, state: Any) -> None:
         """Once training runs, on each rank that writes: get snapshot memory ready in the background."""
@@ -207,16 +266,24 @@ class WorkerSession:
         away work that was promised to the user. A failure of that write is only logged here,
         so the loop's own exception is the one that reaches the driver.
         """
-        if self.writer is None:
-            return
-        try:
-            self.writer.close()
-        except Exception as exc:  # noqa: BLE001 - the original error matters more
-            log.warning("the checkpoint in flight when training failed was not committed: %s", exc)
+        if self.heartbeat is not None:
+            self.heartbeat.enter(FINISHING)
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception as exc:  # noqa: BLE001 - the original error matters more
+                log.warning("the checkpoint in flight when training failed was not committed: %s", exc)
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         _flush_logs()
 
-    def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float]) -> None:
-        """Wait for the last write, then (rank 0) tell the driver how the run ended."""
+    def finish(self, progress: Progress, fingerprint: str, extra_metrics: dict[str, float], *,
+               stopped: bool = False) -> None:
+        """Wait for the last write, then (rank 0) tell the driver how the run ended.
+
+        `stopped`: training ended early because the driver asked it to stop.
+        """
+        self.heartbeat.enter(FINISHING)
         if self.writer is not None and self.rank != 0:
             self.writer.close()  # this rank's last shard: rank 0's commit waits for it
         if self.writer is not None and self.rank == 0:
@@ -231,11 +298,12 @@ class WorkerSession:
             # call still queued in it would be lost. Calls from one caller arrive in order, so
             # the checkpoint events sent before this one are delivered too.
             ray.get(self.monitor.push.remote(
-                "finished", weights_sha256=fingerprint, final_checkpoint=final_checkpoint,
-                checkpoint_stall_s=stall, final_flush_s=final_flush,
+                "finished", weights_sha256=fingerprint, final_checkpoint=final_checkpoint, group=self.group,
+                checkpoint_stall_s=stall, final_flush_s=final_flush, stopped=stopped,
                 metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
                 **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
             ), timeout=60)
+        self.heartbeat.close()
         _flush_logs()
 
 

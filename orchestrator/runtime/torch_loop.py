@@ -17,6 +17,7 @@ every rank's RNG) is saved together in one checkpoint and restored before the fi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -30,9 +31,10 @@ from torch.utils.data import DataLoader, Dataset
 from orchestrator.checkpoint import dumps_state, loads_state
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.runtime.heartbeat import EPOCH_END, TRAINING
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.sampling import ResumableDistributedSampler
-from orchestrator.runtime.session import Restored, WorkerSession
+from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import full_model_state, load_local_state, local_state, shard_model
 from orchestrator.runtime.train_state import Progress, TrainState
 from orchestrator.spec import import_object
@@ -150,10 +152,20 @@ class TrainContext:
         self.progress.step += 1
         self.progress.metrics.update(_scalars(metrics))
         self._session.count_samples(self._last_batch_size)
-        self._session.progress(self.progress)
+        self._session.stepped(self.progress)
         reason = self._session.save_reason(self.progress.step)
         if reason:
             self.save(reason=reason)
+        if reason == "stop":
+            raise StopTraining
+
+    @contextlib.contextmanager
+    def untimed(self, phase: str = "validation") -> Iterator[None]:
+        """A block that may take longer than failure.hang_timeout_s without counting as a hang,
+        e.g. an evaluation in the middle of an epoch: `with ctx.untimed(): evaluate(...)`.
+        (The time between an epoch's last batch and the next epoch's first is untimed already.)"""
+        with self._session.heartbeat.during(phase):
+            yield
 
     def report(self, **metrics: Any) -> None:
         """Record metrics that are not per step (validation accuracy...); they go into summary.json."""
@@ -231,12 +243,18 @@ class ResumableLoader:
             ctx._restore_pending_rng()
         iterator = iter(self.loader)
         ctx._restore_pending_rng()
+        heartbeat = ctx._session.heartbeat
         for batch in iterator:
             if ctx._steps_exhausted():
                 return
+            if heartbeat.phase == EPOCH_END:
+                heartbeat.enter(TRAINING)
             ctx.progress.batch_in_epoch += 1
             ctx._last_batch_size = batch_len(batch)
             yield to_device(batch, ctx.device)
+        # The epoch's data is done: what the loop does until the next epoch's first batch
+        # (evaluation, logging) is not timed as a hang.
+        heartbeat.enter(EPOCH_END)
 
 
 def train_torch(session: WorkerSession) -> None:
@@ -244,20 +262,24 @@ def train_torch(session: WorkerSession) -> None:
     seed_everything(spec.seed)
     # A sharded checkpoint holds a file per rank: this rank loads only its own.
     own_files = {STATE_FILE, shard_file(session.rank)}
-    restored = session.choose_checkpoint(keep=own_files.__contains__)
+    restored = session.start(keep=own_files.__contains__)
     session.announce(restored)
     ctx = TrainContext(session, restored)
+    stopped = False
     if ctx._done():
         log.info("nothing to train: the run already reached its limits")
     else:
         train_loop = import_object(spec.torch.train_loop, "torch.train_loop")
-        train_loop(ctx)
+        try:
+            train_loop(ctx)
+        except StopTraining:
+            stopped = True  # the stop checkpoint is in the writer's hands; finish() commits it
     # The end-of-run checkpoint, unless the last save was at this very step.
-    if ctx.progress.step != session.last_save_step:
+    if not stopped and ctx.progress.step != session.last_save_step:
         ctx.save(reason="end")
     model_state = ctx._model_state() if session.rank == 0 or session.sharded else {}
     fingerprint = weights_sha256(model_state) if session.rank == 0 else ""
-    session.finish(ctx.progress, fingerprint, {})
+    session.finish(ctx.progress, fingerprint, {}, stopped=stopped)
 
 
 def _unwrap(obj: Any) -> Any:

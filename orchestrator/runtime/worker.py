@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any
 
+from orchestrator.faults import WorkerFailure
 from orchestrator.runtime.session import WorkerSession
+
+log = logging.getLogger("orchestrator.worker")
 
 
 def train_worker(config: dict[str, Any]) -> None:
@@ -15,6 +20,11 @@ def train_worker(config: dict[str, Any]) -> None:
         from orchestrator.runtime.torch_loop import train_torch as harness
     try:
         harness(session)
+    except Exception as exc:  # noqa: BLE001 - every error is classified and raised again
+        # The whole traceback goes to this rank's log; the driver gets the classified summary.
+        log.error("training failed on rank %d:\n%s", session.rank, "".join(traceback.format_exception(exc)))
+        session.abandon()
+        raise WorkerFailure.from_exception(exc, session.rank) from None
     except BaseException:
         session.abandon()
         raise

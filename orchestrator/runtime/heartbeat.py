@@ -1,0 +1,114 @@
+"""A worker's heartbeat: what its training thread is doing, sent to the run monitor every second.
+
+The training thread only sets a few attributes (`phase`, `stepped`): nothing on the hot path
+talks to Ray. A daemon thread sends them, with where the training thread stands, and acts on
+the reply:
+- the group is hung (the watchdog's verdict): this worker ends its own process, so that Ray
+  Train notices at its next health check and restarts the group from the newest checkpoint.
+  The training thread may be blocked in a collective that would otherwise wait for half an
+  hour, and a process that exits needs nobody's cooperation;
+- the driver asked the run to stop: `stop_requested` turns true, and the next step's agreement
+  (`cadence.py`) takes a last checkpoint and ends training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import ray
+
+log = logging.getLogger("orchestrator.worker")
+
+# Seconds between heartbeats.
+HEARTBEAT_INTERVAL_S = 1.0
+# Seconds a heartbeat may wait for the monitor's reply.
+REPLY_TIMEOUT_S = 10.0
+# Exit status of a worker that ends itself because its group hung.
+HANG_EXIT_CODE = 75
+
+# What the training thread does; only "training" is timed by the watchdog.
+STARTING, TRAINING, CHECKPOINT, VALIDATION, EPOCH_END, FINISHING = (
+    "starting", "training", "checkpoint", "validation", "epoch_end", "finishing")
+
+
+class Heartbeat:
+    def __init__(self, monitor, group: int, rank: int, *, node_id: str = "",
+                 flush_logs: Callable[[], None] = lambda: None, interval_s: float = HEARTBEAT_INTERVAL_S):
+        self.monitor, self.group, self.rank = monitor, group, rank
+        self.node_id = node_id
+        self.step = 0
+        self.phase = STARTING
+        self._since = time.monotonic()
+        self.stop_requested = False
+        self._flush_logs = flush_logs
+        self._interval_s = interval_s
+        self._training_thread = threading.get_ident()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orchestrator-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # --- called by the training thread -------------------------------------------------------
+
+    def stepped(self, step: int) -> None:
+        """After every optimizer step: progress, and back in the timed phase."""
+        self.step = step
+        self.phase = TRAINING
+        self._since = time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self._since = time.monotonic()
+
+    @contextlib.contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """Mark a block as `phase` (not timed unless TRAINING), then resume the previous phase."""
+        previous = self.phase
+        self.enter(phase)
+        try:
+            yield
+        finally:
+            self.enter(previous)
+
+    # --- the heartbeat thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._interval_s):
+            try:
+                reply = ray.get(self.monitor.beat.remote(self.group, **self._beat()), timeout=REPLY_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge, not ours
+                continue
+            if reply.get("stop"):
+                self.stop_requested = True
+            if reply.get("abort") and not self._closed.is_set():
+                self._end_process(reply["abort"])
+
+    def _beat(self) -> dict:
+        idle = time.monotonic() - self._since
+        return {"rank": self.rank, "step": self.step, "phase": self.phase, "idle_s": idle,
+                "node_id": self.node_id, "pid": os.getpid(), "frame": self._frame() if idle > 2 else ""}
+
+    def _frame(self) -> str:
+        """The innermost frame of the training thread, as `file:line in function`."""
+        frame = sys._current_frames().get(self._training_thread)
+        if frame is None:
+            return ""
+        code = frame.f_code
+        return f"in {os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
+
+    def _end_process(self, reason: str) -> None:
+        log.error("the worker group is hung: %s. Ending this worker (rank %d) so that the group restarts from "
+                  "the newest checkpoint.", reason, self.rank)
+        self._flush_logs()
+        os._exit(HANG_EXIT_CODE)

@@ -1,0 +1,89 @@
+"""Hang detection from the workers' heartbeats: the part Ray and torch do not cover.
+
+Ray Train's health check (`RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S`, set to the hang timeout)
+catches a worker process that stops answering at all. It cannot see a worker that answers but
+trains no more: a deadlock, or every rank waiting in a collective for one that never comes.
+torch's process-group timeout can, but it cannot tell a stuck collective from one rank's long
+solo work (a download, a rank-0 evaluation) and so is kept long, as a backstop.
+
+Each worker's heartbeat thread sends, about once a second, its last optimizer step, what the
+training thread is doing (a phase) and for how long it has made no progress. This watchdog,
+inside the run monitor, gives a verdict when
+- a rank of the current worker group has sent no heartbeat for `hang_timeout_s` while its peers
+  do (the process is frozen: SIGSTOP, a stalled node), or
+- a rank in the `training` phase has taken no step for `hang_timeout_s`.
+The other phases (starting up before the first step, checkpointing, validation, the end of an
+epoch, finishing) are not timed: they are legitimately long and end on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TIMED_PHASE = "training"
+
+
+@dataclass
+class Beat:
+    rank: int
+    step: int
+    phase: str
+    # Seconds, on the worker's own clock, since its last step or the start of its phase.
+    idle_s: float
+    node_id: str = ""
+    pid: int = 0
+    # Where the training thread is (file:line in function), for the hang message.
+    frame: str = ""
+    # When the monitor received it (the monitor's clock).
+    received: float = 0.0
+
+
+@dataclass
+class HangWatchdog:
+    hang_timeout_s: float
+    group: int = -1
+    world_size: int = 0
+    beats: dict[int, Beat] = field(default_factory=dict)
+    verdict: dict[str, Any] | None = None
+
+    def new_group(self, group: int, world_size: int) -> None:
+        self.group, self.world_size = group, world_size
+        self.beats.clear()
+        self.verdict = None
+
+    def observe(self, group: int, beat: Beat, now: float) -> dict[str, Any] | None:
+        """Record a heartbeat; return the verdict once the group counts as hung (else None)."""
+        if group != self.group:
+            return None  # a late beat of a group already replaced
+        beat.received = now
+        self.beats[beat.rank] = beat
+        return self.check(now)
+
+    def check(self, now: float) -> dict[str, Any] | None:
+        if self.verdict is not None:
+            return self.verdict
+        limit = self.hang_timeout_s
+        # Frozen ranks: silent for the whole timeout while a peer still beats (with every rank
+        # silent there is no one to tell, and Ray's own health check takes over).
+        if len(self.beats) == self.world_size and self.world_size > 1:
+            silent = [b for b in self.beats.values() if now - b.received > limit]
+            if silent and len(silent) < len(self.beats):
+                self.verdict = self._verdict("stopped answering", silent, now)
+                return self.verdict
+        stalled = [b for b in self.beats.values() if b.phase == TIMED_PHASE and b.idle_s > limit]
+        if stalled:
+            self.verdict = self._verdict("made no progress", stalled, now)
+        return self.verdict
+
+    def _verdict(self, what: str, ranks: list[Beat], now: float) -> dict[str, Any]:
+        culprits = sorted(ranks, key=lambda b: b.rank)
+        others = [b for r, b in sorted(self.beats.items()) if b not in culprits]
+        who = ", ".join(f"rank {b.rank} (node {b.node_id[:12]}, pid {b.pid})" for b in culprits)
+        detail = [f"rank {b.rank}'s last heartbeat, {now - b.received:.0f} s ago, said step {b.step} ({b.phase})"
+                  + (f", {b.frame}" if b.frame else "") for b in culprits]
+        detail += [f"rank {b.rank} at step {b.step} ({b.phase})" + (f", {b.frame}" if b.frame else "")
+                   for b in others]
+        message = (f"{who} {what} for more than {self.hang_timeout_s:g} s: " + "; ".join(detail))
+        return {"group": self.group, "what": what, "ranks": [b.rank for b in culprits],
+                "nodes": [b.node_id for b in culprits], "message": message, "time": now}
