@@ -90,7 +90,7 @@ def raised_at(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return "an unknown place"
-    own = [f for f in frames if _is_user_file(f.filename)]
+    own = [f for f in frames if is_user_file(f.filename)]
     frame = (own or frames)[-1]
     return f"{_short_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
@@ -100,7 +100,8 @@ _LIBRARY_DIRS = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdli
 _OWN_DIR = os.path.dirname(os.path.realpath(__file__))
 
 
-def _is_user_file(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
+    """Whether a source file is the user's own (not Python's, a library's, or the orchestrator's)."""
     path = os.path.realpath(filename)
     if filename.startswith("<") or path.startswith(_OWN_DIR + os.sep):
         return False

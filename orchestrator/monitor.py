@@ -61,7 +61,7 @@ class RunMonitor:
     def begin_group(self, world_size: int) -> dict[str, Any]:
         """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
         self._groups += 1
-        self._watchdog.new_group(self._groups, world_size)
+        self._watchdog.new_group(self._groups, world_size, time.time())
         latest = self._latest_checkpoint
         return {"group": self._groups, "latest_uri": latest["uri"] if latest else None}
 

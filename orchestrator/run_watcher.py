@@ -137,7 +137,9 @@ class RunWatcher:
             self._waits.append([now, 0])
         self.last_shortfall = capacity_shortfall(self.job)
         waited = now - self._waits[-1][0]
-        if waited >= CAPACITY_REPORT_INTERVAL_S and now - self._last_report >= CAPACITY_REPORT_INTERVAL_S:
+        # At least once before the run gives up, however short its capacity timeout.
+        every = min(CAPACITY_REPORT_INTERVAL_S, self.job.failure.capacity_timeout_s / 2)
+        if waited >= every and now - self._last_report >= every:
             self._last_report = now
             why = self.last_shortfall or "the cluster has not placed them yet"
             self.say(f"waiting for capacity for {waited:.0f} s (giving up after failure.capacity_timeout_s = "

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TIMED_PHASE = "training"
+# Seconds without a heartbeat (sent every second) after which a rank counts as silent.
+SILENT_AFTER_S = 4.0
 
 
 @dataclass
@@ -46,11 +48,14 @@ class HangWatchdog:
     world_size: int = 0
     beats: dict[int, Beat] = field(default_factory=dict)
     verdict: dict[str, Any] | None = None
+    started: float = 0.0
 
-    def new_group(self, group: int, world_size: int) -> None:
+    def new_group(self, group: int, world_size: int, now: float) -> None:
         self.group, self.world_size = group, world_size
         self.beats.clear()
         self.verdict = None
+        # A rank frozen before its first heartbeat is silent since the group began.
+        self.started = now
 
     def observe(self, group: int, beat: Beat, now: float) -> dict[str, Any] | None:
         """Record a heartbeat; return the verdict once the group counts as hung (else None)."""
@@ -64,26 +69,32 @@ class HangWatchdog:
         if self.verdict is not None:
             return self.verdict
         limit = self.hang_timeout_s
-        # Frozen ranks: silent for the whole timeout while a peer still beats (with every rank
-        # silent there is no one to tell, and Ray's own health check takes over).
-        if len(self.beats) == self.world_size and self.world_size > 1:
-            silent = [b for b in self.beats.values() if now - b.received > limit]
-            if silent and len(silent) < len(self.beats):
-                self.verdict = self._verdict("stopped answering", silent, now)
-                return self.verdict
+        everyone = [self.beats.get(r) or Beat(r, 0, "starting", 0.0, received=self.started)
+                    for r in range(self.world_size)]
+        # Frozen ranks: silent while a peer still beats (with every rank silent there is no one
+        # to tell, and Ray's own health check takes over).
+        silent = [b for b in everyone if now - b.received > SILENT_AFTER_S]
+        if len(silent) == len(everyone):
+            silent = []
         stalled = [b for b in self.beats.values() if b.phase == TIMED_PHASE and b.idle_s > limit]
-        if stalled:
+        if any(now - b.received > limit for b in silent) or (stalled and silent):
+            # A frozen rank stalls its peers too; it is the one to name.
+            self.verdict = self._verdict("stopped answering", silent, now)
+        elif stalled:
             self.verdict = self._verdict("made no progress", stalled, now)
         return self.verdict
 
     def _verdict(self, what: str, ranks: list[Beat], now: float) -> dict[str, Any]:
         culprits = sorted(ranks, key=lambda b: b.rank)
-        others = [b for r, b in sorted(self.beats.items()) if b not in culprits]
-        who = ", ".join(f"rank {b.rank} (node {b.node_id[:12]}, pid {b.pid})" for b in culprits)
-        detail = [f"rank {b.rank}'s last heartbeat, {now - b.received:.0f} s ago, said step {b.step} ({b.phase})"
+        culprit_ranks = {b.rank for b in culprits}
+        others = [b for r, b in sorted(self.beats.items()) if r not in culprit_ranks]
+        who = ", ".join(f"rank {b.rank} (node {b.node_id[:12]}, pid {b.pid})" if b.pid else f"rank {b.rank}"
+                        for b in culprits)
+        detail = [(f"rank {b.rank}'s last heartbeat, {now - b.received:.0f} s ago, said step {b.step} ({b.phase})"
+                   if b.pid else f"rank {b.rank} sent no heartbeat since the group started {now - b.received:.0f} s ago")
                   + (f", {b.frame}" if b.frame else "") for b in culprits]
         detail += [f"rank {b.rank} at step {b.step} ({b.phase})" + (f", {b.frame}" if b.frame else "")
                    for b in others]
-        message = (f"{who} {what} for more than {self.hang_timeout_s:g} s: " + "; ".join(detail))
+        message = f"{who} {what} for more than {self.hang_timeout_s:g} s: " + "; ".join(detail)
         return {"group": self.group, "what": what, "ranks": [b.rank for b in culprits],
                 "nodes": [b.node_id for b in culprits], "message": message, "time": now}

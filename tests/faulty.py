@@ -33,25 +33,25 @@ def _fault_step(ctx, act) -> None:
     digits_train_loop(ctx)
 
 
-def torch_loop_frozen_once(ctx) -> None:
-    """jobs.digits_torch's loop; the worker of rank `kill_rank` is SIGSTOPped after step `kill_at`
-    (frozen, as on a stalled node: it neither dies nor answers)."""
-    fault = ctx.config.pop("fault")
-    _fault_step(ctx, lambda step: _kill_once(fault["marker"], step, fault["kill_at"], ctx.rank,
-                                             fault.get("kill_rank", 1), signal.SIGSTOP))
-
-
-def torch_loop_deadlocked_once(ctx) -> None:
-    """jobs.digits_torch's loop; rank `kill_rank` stops making progress after step `kill_at` (it
-    waits on a lock nobody releases) while its process keeps running."""
+def _deadlock_once(marker: str, step: int, at: int, rank: int, on_rank: int) -> None:
+    """Rank `on_rank` stops making progress after step `at`: it waits on an event nobody sets,
+    while its process (and its heartbeat) keep running."""
     import threading
 
-    fault = ctx.config.pop("fault")
+    if step == at and rank == on_rank and not Path(marker).exists():
+        Path(marker).write_text(str(step))
+        threading.Event().wait()
+
+
+def torch_loop_frozen_then_deadlocked(ctx) -> None:
+    """jobs.digits_torch's loop; first rank `fault.kill_rank` is SIGSTOPped after step
+    `fault.kill_at`, then (in the restarted group) rank `stuck.kill_rank` deadlocks after
+    `stuck.kill_at`."""
+    fault, stuck = ctx.config.pop("fault"), ctx.config.pop("stuck")
 
     def act(step):
-        if step == fault["kill_at"] and ctx.rank == fault.get("kill_rank", 1) and not Path(fault["marker"]).exists():
-            Path(fault["marker"]).write_text(str(step))
-            threading.Event().wait()
+        _kill_once(fault["marker"], step, fault["kill_at"], ctx.rank, fault["kill_rank"], signal.SIGSTOP)
+        _deadlock_once(stuck["marker"], step, stuck["kill_at"], ctx.rank, stuck["kill_rank"])
 
     _fault_step(ctx, act)
 

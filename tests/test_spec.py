@@ -76,6 +76,9 @@ BAD_SPECS = [
     ("elastic range not yet supported", with_(TORCH, "scaling.num_workers", [1, 4]), ["[1, 4]", "elastic", "num_workers: 2"]),
     ("env value is a mapping", with_(TORCH, "env", {"NCCL_DEBUG": {"a": 1}}), ["env.NCCL_DEBUG", "strings"]),
     ("init_args not a mapping", with_(LIGHTNING, "lightning.model.init_args", [1]), ["lightning.model.init_args", "mapping"]),
+    ("hang timeout too short", with_(TORCH, "failure.hang_timeout_s", 1), ["failure.hang_timeout_s", "1 (int)", "at least 5"]),
+    ("hang timeout not a number", with_(TORCH, "failure.hang_timeout_s", "1m"), ["failure.hang_timeout_s", "'1m'", "seconds"]),
+    ("capacity timeout too short", with_(TORCH, "failure.capacity_timeout_s", 0), ["failure.capacity_timeout_s", "at least 10"]),
 ]
 
 
@@ -98,6 +101,7 @@ def test_a_valid_spec_becomes_typed_objects_with_documented_defaults():
     assert spec.scaling.num_workers == 2 and spec.scaling.placement == "spread"
     assert spec.lightning.strategy == "ddp"
     assert spec.checkpoint.async_save is True
+    assert spec.failure.hang_timeout_s == 60 and spec.failure.capacity_timeout_s == 600
 
 
 def test_set_overrides_any_field_and_parses_values_as_yaml(tmp_path):

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 
 import ray
 
+from orchestrator.faults import is_user_file
+
 log = logging.getLogger("orchestrator.worker")
 
 # Seconds between heartbeats.
@@ -100,15 +102,25 @@ class Heartbeat:
                 "node_id": self.node_id, "pid": os.getpid(), "frame": self._frame() if idle > 2 else ""}
 
     def _frame(self) -> str:
-        """The innermost frame of the training thread, as `file:line in function`."""
+        """Where the training thread stands: its innermost frame in the user's own code, and the
+        innermost frame of all (`at train.py:88 in train_loop, in threading.py:355 wait`)."""
         frame = sys._current_frames().get(self._training_thread)
         if frame is None:
             return ""
-        code = frame.f_code
-        return f"in {os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
+        innermost, own = frame, None
+        while frame is not None and own is None:
+            if is_user_file(frame.f_code.co_filename):
+                own = frame
+            frame = frame.f_back
+        parts = [_where(f) for f in (own, innermost) if f is not None]
+        return "at " + ", in ".join(dict.fromkeys(parts))
 
     def _end_process(self, reason: str) -> None:
         log.error("the worker group is hung: %s. Ending this worker (rank %d) so that the group restarts from "
                   "the newest checkpoint.", reason, self.rank)
         self._flush_logs()
         os._exit(HANG_EXIT_CODE)
+
+
+def _where(frame) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"

@@ -1,0 +1,147 @@
+"""Failures heal: hangs are caught within failure.hang_timeout_s, bugs in the training code fail
+the run on its first attempt, a rank that cannot read the group's checkpoint fails the start for
+the whole group, and a run that can never be placed says why and gives up.
+
+The faults are real: a worker SIGSTOPs itself (frozen, as on a stalled node), a rank waits
+forever on a lock, the training code raises, the storage read fails on one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import REPO, run_cli
+from specs import lightning_spec, torch_spec
+
+import orchestrator
+from orchestrator.errors import TrainingFailed
+
+pytestmark = pytest.mark.slow
+
+HANG_TIMEOUT_S = 10
+# Seconds from a hang's detection to the first step of the restarted group, on a loaded 2-core
+# machine (a restart measures 10-20 s here).
+RECOVERY_SLACK_S = 60
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.timeout(500)
+def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_with_the_clean_weights(
+        tmp_path, clean_torch):
+    # Rank 1 is SIGSTOPped after step 15 (frozen, as on a stalled node); after the restart, rank 0
+    # waits forever on an event after step 40 while its process, and its heartbeat, go on.
+    frozen = {"kill_at": 15, "marker": str(tmp_path / "frozen"), "kill_rank": 1}
+    stuck = {"kill_at": 40, "marker": str(tmp_path / "stuck"), "kill_rank": 0}
+    spec = torch_spec("hangs", tmp_path, "faulty:torch_loop_frozen_then_deadlocked", frozen, stuck=stuck)
+    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
+    result = orchestrator.run(spec, console=None)
+
+    assert result.status == "finished"
+    assert [f["classification"] for f in result.failures] == ["hang", "hang"]
+    first, second = (f["hang"] for f in result.failures)
+    assert first["what"] == "stopped answering" and first["ranks"] == [1]
+    # Every rank of a deadlocked group stops stepping; the message shows where each one stands.
+    assert second["what"] == "made no progress" and "faulty.py" in second["message"]
+    # Each hang was noticed within the timeout (give or take a heartbeat), counted from the fault.
+    for hang, marker in ((first, frozen["marker"]), (second, stuck["marker"])):
+        assert HANG_TIMEOUT_S - 1.5 <= hang["time"] - os.path.getmtime(marker) <= HANG_TIMEOUT_S + 5
+    # ...and the group was training again soon after.
+    events = json.loads((tmp_path / "hangs" / "summary.json").read_text())
+    assert [s["restored_step"] for s in events["starts"]] == [None, 10, 40]
+    assert result.goodput["lost_s"]["restarts"] <= 2 * (HANG_TIMEOUT_S + RECOVERY_SLACK_S)
+    assert result.global_step == clean_torch.global_step
+    assert result.weights_sha256 == clean_torch.weights_sha256
+
+
+@pytest.mark.timeout(500)
+def test_a_frozen_lightning_worker_is_caught_and_the_run_ends_with_the_clean_weights(tmp_path, clean_lightning):
+    marker = tmp_path / "frozen-marker"
+    spec = lightning_spec("frozen", tmp_path, "faulty.FrozenOnceClassifier", kill_at=25, marker=str(marker))
+    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
+    result = orchestrator.run(spec, console=None)
+
+    assert result.status == "finished"
+    assert [f["classification"] for f in result.failures] == ["hang"]
+    assert result.failures[0]["hang"]["what"] == "stopped answering"
+    assert result.failures[0]["hang"]["ranks"] == [1]
+    assert result.failures[0]["hang"]["time"] - marker.stat().st_mtime <= HANG_TIMEOUT_S + 5
+    assert result.weights_sha256 == clean_lightning.weights_sha256
+
+
+@pytest.mark.timeout(300)
+def test_a_bug_in_the_training_loop_fails_the_run_on_its_first_attempt_with_where_it_was_raised(tmp_path):
+    import yaml
+
+    spec = torch_spec("buggy", tmp_path, "faulty:torch_loop_raises", raise_at=3)
+    spec["failure"]["max_failures"] = 3
+    path = tmp_path / "buggy.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli("run", str(path), env={"PYTHONPATH": os.path.join(REPO, "tests")})
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed on its first attempt: rank 1: ValueError: bad batch at step 3" in done.stderr
+    assert "tests/faulty.py:" in done.stderr and "not retried" in done.stderr
+    assert "Traceback" not in done.stderr
+    summary = _summary(tmp_path / "buggy")
+    assert summary["status"] == "failed" and len(summary["starts"]) == 1
+    assert summary["failures"][0]["classification"] == "user"
+    assert "ValueError: bad batch at step 3" in (tmp_path / "buggy" / "logs" / "rank-1.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attempt(tmp_path):
+    spec = lightning_spec("buggy", tmp_path, "faulty.BuggyClassifier", raise_at=3)
+    with pytest.raises(TrainingFailed) as info:
+        orchestrator.run(spec, console=None)
+
+    assert "failed on its first attempt: rank 1: KeyError" in str(info.value)
+    assert "no such feature at step 3" in str(info.value)
+    summary = _summary(tmp_path / "buggy")
+    assert len(summary["starts"]) == 1 and summary["failures"][0]["classification"] == "user"
+
+
+@pytest.mark.timeout(500)
+def test_a_rank_that_cannot_read_the_groups_checkpoint_fails_the_start_for_every_rank(
+        tmp_path, clean_torch, monkeypatch):
+    first = torch_spec("unreadable", tmp_path)
+    first["torch"]["max_epochs"] = 1
+    orchestrator.run(first, console=None)  # commits step 21, the end of epoch 1
+
+    # Continue to the clean run's end; rank 1's first read of the checkpoint fails (EIO).
+    marker = tmp_path / "unreadable-marker"
+    monkeypatch.setenv("PYTHONPATH", os.path.join(REPO, "tests", "injected"))
+    second = torch_spec("unreadable", tmp_path)
+    second["env"] = {"ORCHESTRATOR_TEST_UNREADABLE_RANK": "1", "ORCHESTRATOR_TEST_UNREADABLE_MARKER": str(marker)}
+    result = orchestrator.run(second, console=None)
+
+    assert marker.exists(), "the fault was never injected"
+    assert [f["classification"] for f in result.failures] == ["infrastructure"]
+    errors = " ".join(r["error"] for r in result.failures[0]["ranks"])
+    assert "rank 1 could not read it" in errors and "step-000000021" in errors and "injected" in errors
+    assert [s["restored_step"] for s in result.starts] == [21]
+    assert result.weights_sha256 == clean_torch.weights_sha256
+
+
+@pytest.mark.timeout(300)
+def test_a_run_the_cluster_can_never_hold_says_what_is_missing_and_gives_up_after_the_deadline(tmp_path):
+    import yaml
+
+    spec = torch_spec("too-big", tmp_path)
+    spec["scaling"]["num_workers"] = 3  # the embedded cluster has 2 CPUs
+    spec["failure"]["capacity_timeout_s"] = 20
+    path = tmp_path / "too-big.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli("run", str(path))
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "waiting for capacity" in done.stdout
+    assert "gave up waiting for capacity after failure.capacity_timeout_s = 20 s" in done.stderr
+    assert "short by {CPU: 1}" in done.stderr and "can hold at most 2" in done.stderr
+    assert "Traceback" not in done.stderr
+    summary = _summary(tmp_path / "too-big")
+    assert summary["status"] == "failed" and summary["goodput"]["lost_s"]["capacity_wait"] >= 10
