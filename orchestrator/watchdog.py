@@ -91,7 +91,7 @@ class HangWatchdog:
         who = ", ".join(f"rank {b.rank} (node {b.node_id[:12]}, pid {b.pid})" if b.pid else f"rank {b.rank}"
                         for b in culprits)
         detail = [(f"rank {b.rank}'s last heartbeat, {now - b.received:.0f} s ago, said step {b.step} ({b.phase})"
-                   if b.pid else f"rank {b.rank} sent no heartbeat since the group started {now - b.received:.0f} s ago")
+                   if b.pid else f"rank {b.rank} sent no heartbeat in the {now - b.received:.0f} s since the start")
                   + (f", {b.frame}" if b.frame else "") for b in culprits]
         detail += [f"rank {b.rank} at step {b.step} ({b.phase})" + (f", {b.frame}" if b.frame else "")
                    for b in others]
