@@ -124,6 +124,9 @@ class FailureRecord:
     kind: str  # user | infrastructure | hang
     error: str  # "ValueError: bad value"
     where: str = ""  # "jobs/foo.py:42 in train_loop"
+    # Where the rank ran (from its worker group's start), when known.
+    node_id: str = ""
+    pid: int = 0
 
     def describe(self) -> str:
         where = f" at {self.where}" if self.where else ""
@@ -184,9 +187,9 @@ def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> 
         return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
     if name == "WorkerHealthCheckFailedError":
         cause = getattr(exc, "health_check_failure", None)
-        what = "the worker process died"
+        what = "the worker process died or became unreachable"
         if isinstance(cause, ray.exceptions.RayActorError):
-            what += " (its node was lost, or it was killed, e.g. out of memory)"
+            what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
         return FailureRecord(rank, INFRASTRUCTURE, what)
     text = str(exc).strip().splitlines()
     error = f"{name}: {text[-1]}" if text else name
@@ -209,13 +212,13 @@ class FailureClassifier(ray.train.UserCallback):
         records = [describe_ray_error(rank, exc, self.hang_timeout_s)
                    for rank, exc in sorted(worker_exceptions.items())]
         try:
-            verdict = ray.get(self.monitor.hang_verdict.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - the classification still stands without the watchdog's view
-            verdict = None
-        try:
-            stopping = ray.get(self.monitor.stop_requested.remote(), timeout=10)
-        except Exception:  # noqa: BLE001
-            stopping = False
+            view = ray.get(self.monitor.failure_context.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the classification still stands without the monitor's view
+            view = {"hang": None, "stopping": False, "places": {}}
+        verdict, stopping = view["hang"], view["stopping"]
+        for record in records:
+            place = view["places"].get(record.rank) or {}
+            record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
         user = [r for r in records if r.kind == USER]
         if stopping:
             kind = STOPPED

@@ -82,6 +82,13 @@ class RunMonitor:
     def hang_verdict(self) -> dict[str, Any] | None:
         return self._watchdog.verdict
 
+    def failure_context(self) -> dict[str, Any]:
+        """What Ray Train's controller needs to classify a failure of the current group: the hang
+        verdict, whether the run is stopping, and where each rank ran."""
+        places = {e["rank"]: {"node_id": e["node_id"], "pid": e["pid"]} for e in self._events
+                  if e["kind"] == "worker_started" and e.get("group") == self._groups}
+        return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places}
+
     def request_stop(self, deadline: float) -> None:
         if self._stop_requested is None:
             self._stop_requested = deadline

