@@ -178,6 +178,9 @@ class UserCodeFailed(OrchestratorError):
         return (self.__class__, (self.message, self.records))
 
 
+_DIED = "the worker process died or became unreachable"
+
+
 def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:
     """Classify an error that reached Ray Train's controller for one rank."""
     if isinstance(exc, WorkerFailure):
@@ -187,7 +190,7 @@ def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> 
         return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
     if name == "WorkerHealthCheckFailedError":
         cause = getattr(exc, "health_check_failure", None)
-        what = "the worker process died or became unreachable"
+        what = _DIED
         if isinstance(cause, ray.exceptions.RayActorError):
             what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
         return FailureRecord(rank, INFRASTRUCTURE, what)
@@ -219,6 +222,9 @@ class FailureClassifier(ray.train.UserCallback):
         for record in records:
             place = view["places"].get(record.rank) or {}
             record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
+            if verdict and record.error.startswith(_DIED):
+                # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
+                record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
         user = [r for r in records if r.kind == USER]
         if stopping:
             kind = STOPPED

@@ -88,7 +88,9 @@ class RunResult:
             starts=[{"world_size": g[0]["world_size"], "restored_step": g[0]["restored_step"],
                      "restored_from": g[0]["restored_from"]} for g in groups],
             checkpoints_committed=len(checkpoints),
-            checkpoint_stall_s=round(float((finished or {}).get("checkpoint_stall_s", 0.0)), 4),
+            # Every worker group's stall (goodput sums them), not only the last one's.
+            checkpoint_stall_s=round(float((goodput or {}).get("lost_s", {}).get("checkpoint_stall")
+                                           or (finished or {}).get("checkpoint_stall_s", 0.0)), 4),
             final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
             failures=[{k: v for k, v in e.items() if k != "kind"} for e in events if e["kind"] == "failure"],
             goodput=goodput or {},

@@ -30,8 +30,8 @@ POLL_INTERVAL_S = 1.0
 # Seconds without a running worker group before the driver says what it waits for, and between
 # such reports.
 CAPACITY_REPORT_INTERVAL_S = 30.0
-# Seconds between looks at the cluster's free resources while no worker group is up.
-CAPACITY_CHECK_INTERVAL_S = 5.0
+# Seconds between looks at the placement of the run's workers while no worker group is up.
+CAPACITY_CHECK_INTERVAL_S = 1.0
 
 
 def _resources(job: JobSpec) -> dict[str, float]:
@@ -135,11 +135,11 @@ class RunWatcher:
             return
         if not (self._waits and self._waits[-1][1] == 0):
             self._waits.append([now, 0])
-        self.last_shortfall = capacity_shortfall(self.job)
         waited = now - self._waits[-1][0]
         # At least once before the run gives up, however short its capacity timeout.
         every = min(CAPACITY_REPORT_INTERVAL_S, self.job.failure.capacity_timeout_s / 2)
         if waited >= every and now - self._last_report >= every:
+            self.last_shortfall = capacity_shortfall(self.job)
             self._last_report = now
             why = self.last_shortfall or "the cluster has not placed them yet"
             self.say(f"waiting for capacity for {waited:.0f} s (giving up after failure.capacity_timeout_s = "
@@ -214,7 +214,7 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
                 f"so it was not retried (failure.max_failures applies to lost workers, nodes and hangs). "
                 f"Full traceback: {log_file}. {kept}")
     if type(root).__name__ == "WorkerGroupStartupTimeoutError":
-        why = (watcher.last_shortfall if watcher else None) or capacity_shortfall(job) or \
+        why = capacity_shortfall(job) or (watcher.last_shortfall if watcher else None) or \
             "the cluster did not place the workers in time"
         return (f"run '{job.name}' gave up waiting for capacity after failure.capacity_timeout_s = "
                 f"{job.failure.capacity_timeout_s:g} s: {why}. Fix: add nodes, lower scaling.num_workers or "
