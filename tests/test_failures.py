@@ -16,6 +16,8 @@ from conftest import REPO, run_cli
 from specs import lightning_spec, torch_spec
 
 import orchestrator
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore
 from orchestrator.errors import TrainingFailed
 
 pytestmark = pytest.mark.slow
@@ -110,25 +112,26 @@ def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attemp
     assert len(summary["starts"]) == 1 and summary["failures"][0]["classification"] == "user"
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(400)
 def test_a_rank_that_cannot_read_the_groups_checkpoint_fails_the_start_for_every_rank(
         tmp_path, clean_torch, monkeypatch):
-    first = torch_spec("unreadable", tmp_path)
-    first["torch"]["max_epochs"] = 1
-    orchestrator.run(first, console=None)  # commits step 21, the end of epoch 1
-
-    # Continue to the clean run's end; rank 1's first read of the checkpoint fails (EIO).
+    # The clean run's checkpoint at step 60, continued to its end in a run of its own; rank 1's
+    # first read of it fails as a storage outage would (EIO).
+    start = next(i for i in CheckpointStore(storage.resolve(clean_torch.run_dir)).committed() if i.step == 60)
     marker = tmp_path / "unreadable-marker"
     monkeypatch.setenv("PYTHONPATH", os.path.join(REPO, "tests", "injected"))
-    second = torch_spec("unreadable", tmp_path)
-    second["env"] = {"ORCHESTRATOR_TEST_UNREADABLE_RANK": "1", "ORCHESTRATOR_TEST_UNREADABLE_MARKER": str(marker)}
-    result = orchestrator.run(second, console=None)
+    spec = torch_spec("unreadable", tmp_path)
+    spec["resume_from"] = start.uri
+    spec["env"] = {"ORCHESTRATOR_TEST_UNREADABLE_RANK": "1", "ORCHESTRATOR_TEST_UNREADABLE_MARKER": str(marker)}
+    result = orchestrator.run(spec, console=None)
 
     assert marker.exists(), "the fault was never injected"
     assert [f["classification"] for f in result.failures] == ["infrastructure"]
     errors = " ".join(r["error"] for r in result.failures[0]["ranks"])
-    assert "rank 1 could not read it" in errors and "step-000000021" in errors and "injected" in errors
-    assert [s["restored_step"] for s in result.starts] == [21]
+    assert "rank 1 could not read it" in errors and start.uri in errors and "injected" in errors
+    # The retried start resumed every rank from that same checkpoint, and the run ended exactly
+    # where the clean run did.
+    assert [s["restored_step"] for s in result.starts] == [60]
     assert result.weights_sha256 == clean_torch.weights_sha256
 
 

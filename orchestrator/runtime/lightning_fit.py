@@ -124,13 +124,20 @@ class OrchestratorCallback(Callback):
 
 
 def train_lightning(session: WorkerSession) -> None:
+    # Lightning's root dir and the copy of the checkpoint it resumes from live in a scratch
+    # folder of this worker that goes with it (a checkpoint can be gigabytes).
+    with tempfile.TemporaryDirectory(prefix="orchestrator-lightning-") as scratch:
+        _train(session, scratch)
+
+
+def _train(session: WorkerSession, scratch: str) -> None:
     spec = session.spec.lightning
     seed_everything(session.spec.seed)
     restored = session.start()
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = spec.data.build()
-    ckpt_path, pending_rng, start_epoch = _prepare_resume(session, restored)
+    ckpt_path, pending_rng, start_epoch = _prepare_resume(session, restored, scratch)
     _use_stateful_train_loader(datamodule, seed=session.spec.seed, epoch=start_epoch)
 
     callback = OrchestratorCallback(session, pending_rng)
@@ -144,7 +151,7 @@ def train_lightning(session: WorkerSession) -> None:
         plugins=[RayLightningEnvironment()],
         callbacks=[callback],
         enable_checkpointing=False,
-        default_root_dir=tempfile.mkdtemp(prefix="orchestrator-lightning-"),
+        default_root_dir=scratch,
     )
     trainer = prepare_trainer(trainer)
     try:
@@ -164,7 +171,8 @@ def train_lightning(session: WorkerSession) -> None:
     session.finish(callback.progress, fingerprint, test_metrics)
 
 
-def _prepare_resume(session: WorkerSession, restored: Restored | None) -> tuple[str | None, dict | None, int]:
+def _prepare_resume(session: WorkerSession, restored: Restored | None,
+                    scratch: str) -> tuple[str | None, dict | None, int]:
     """Write the chosen checkpoint where Lightning can load it; pick out this rank's RNG state."""
     if restored is None:
         return None, None, 0
@@ -173,7 +181,7 @@ def _prepare_resume(session: WorkerSession, restored: Restored | None) -> tuple[
     state = loads_state(data, source=f"{restored.info.uri}/{CKPT_FILE}")
     ranks = state.get(RANKS_KEY) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
-    path = os.path.join(tempfile.mkdtemp(prefix="orchestrator-resume-"), CKPT_FILE)
+    path = os.path.join(scratch, CKPT_FILE)
     with open(path, "wb") as f:
         f.write(data)
     return path, pending, restored.manifest.epoch
