@@ -8,6 +8,7 @@ by their own process ids (their command line names the dead session's directory)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,9 @@ class Connection:
     embedded: bool
     address: str
     session_dir: str
+    # Whether every process of this driver's job (the training workers included) has `job_env`:
+    # false on a connection the caller made before, which cannot be given an environment.
+    job_env_applied: bool = True
 
 
 def _state_dir() -> Path:
@@ -55,17 +59,20 @@ def _state_dir() -> Path:
 def connect(address: str | None, job_env: dict[str, str] | None = None) -> Connection:
     """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`.
 
-    An embedded cluster's processes inherit this process's environment. Joining a cluster,
-    `job_env` becomes the job's runtime environment (Ray Train's controller reads some settings
-    from its own process environment); inside `ray job submit` Ray refuses a runtime_env that
-    shares a key with the job's own, so keys already in this environment are left out. The
-    training workers get their variables from RunConfig.
+    `job_env` goes to every process of the job: the training workers, and Ray Train's controller
+    (which reads some settings from its own environment). Giving it to the job rather than to
+    the workers alone (RunConfig's worker_runtime_env) lets Ray start the workers from its pool
+    of idle processes: a worker-level runtime environment makes every (re)start spawn fresh
+    processes, seconds slower. An embedded cluster's processes inherit this process's
+    environment as Ray starts them; joining a cluster, `job_env` becomes the job's runtime
+    environment, less the keys of the `ray job submit` job this driver runs in (Ray refuses a
+    runtime_env that shares a key with the job's own).
     """
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if ray.is_initialized():
-        return Connection(False, "existing", _session_dir())
+        return Connection(False, "existing", _session_dir(), job_env_applied=False)
     _hide_embedded_auth_notice()
     init_kwargs = dict(
         log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
@@ -78,10 +85,26 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         _join(address, init_kwargs)
         return Connection(False, address, _session_dir())
     reap_orphans()
-    ray.init(include_dashboard=False, **init_kwargs)
+    with _environment(job_env or {}):
+        ray.init(include_dashboard=False, **init_kwargs)
     connection = Connection(True, "embedded", _session_dir())
     _record(connection)
     return connection
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """`env` in this process's environment for the block (for the processes it starts)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _job_runtime_env_keys() -> set[str]:

@@ -67,10 +67,11 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
     with recovery_settings(job.failure) as controller_env:
-        connection = cluster.connect(address, job_env=controller_env)
+        connection = cluster.connect(address, job_env={**worker_env, **controller_env})
         try:
             monitor = start_monitor(job.failure.hang_timeout_s)
-            trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor, worker_env)
+            trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor,
+                                     None if connection.job_env_applied else worker_env)
             watcher = RunWatcher(monitor, job, say)
             signals = StopSignals(on_stop=lambda deadline: _request_stop(monitor, say, deadline))
             watcher.start()
@@ -159,7 +160,7 @@ def _write_partial_summary(job, run_dir, monitor, choice, started, watcher, sign
 
 
 def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
-                   worker_env: dict[str, str]) -> TorchTrainer:
+                   worker_env: dict[str, str] | None) -> TorchTrainer:
     scaling = job.scaling
     resources = dict(scaling.resources_per_worker)
     if scaling.use_gpu:
@@ -193,7 +194,8 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
                                          controller_failure_limit=0),
             callbacks=[FailureClassifier(monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
-            worker_runtime_env={"env_vars": worker_env},
+            # Only when the job itself could not be given the workers' variables (cluster.connect).
+            worker_runtime_env={"env_vars": worker_env} if worker_env else None,
         ),
     )
 
