@@ -153,3 +153,4 @@ def test_a_run_the_cluster_can_never_hold_says_what_is_missing_and_gives_up_afte
     assert "Traceback" not in done.stderr
     summary = _summary(tmp_path / "too-big")
     assert summary["status"] == "failed" and summary["goodput"]["lost_s"]["capacity_wait"] >= 10
+

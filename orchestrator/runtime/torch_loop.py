@@ -66,6 +66,10 @@ class TrainContext:
         self.progress = Progress()
         self._tracked: dict[str, Any] = {}
         self._loaders: list[ResumableLoader] = []
+        # The training loader's index among this context's loaders (None: no step taken yet),
+        # and the loaders being iterated now, innermost last.
+        self._train_loader: int | None = None
+        self._iterating: list[ResumableLoader] = []
         self._restored: TrainState | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._last_batch_size = 0
@@ -75,6 +79,7 @@ class TrainContext:
             raw = loads_state(restored.files[fname], source=f"{restored.info.uri}/{fname}")
             self._restored = TrainState.from_dict(raw)
             self.progress = self._restored.progress
+            self._train_loader = self.progress.train_loader
             self._pending_rng = self._restored.rng_of(self.rank, self.world_size)
 
     # --- building blocks --------------------------------------------------------------------
@@ -106,7 +111,7 @@ class TrainContext:
             drop_last=drop_last, batch_size=batch_size,
         )
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)
-        resumable = ResumableLoader(self, loader, sampler)
+        resumable = ResumableLoader(self, loader, sampler, index=len(self._loaders))
         self._loaders.append(resumable)
         return resumable
 
@@ -149,6 +154,11 @@ class TrainContext:
         if not self._snapshot_prepared:  # after the first optimizer step its state exists
             self._snapshot_prepared = True
             self._session.prepare_snapshot(self._tracked_state())
+        if self._train_loader is None and self._iterating:
+            # The first step names the training loader: the one this step's batches came from.
+            active = self._iterating[-1]
+            self._train_loader = self.progress.train_loader = active.index
+            self.progress.batch_in_epoch = active.position
         self.progress.step += 1
         self.progress.metrics.update(_scalars(metrics))
         self._session.count_samples(self._last_batch_size)
@@ -223,38 +233,61 @@ class TrainContext:
 
 
 class ResumableLoader:
-    """Iterates this rank's batches of the current epoch, starting where a resumed run left off."""
+    """Iterates this rank's batches of the current epoch.
 
-    def __init__(self, ctx: TrainContext, loader: DataLoader, sampler: ResumableDistributedSampler):
-        self._ctx, self.loader, self.sampler = ctx, loader, sampler
+    Each loader keeps its own position. The training loader (the one being iterated when the
+    loop first calls ctx.step(); its index is saved in every checkpoint) is the only one whose
+    position is the run's (`progress.batch_in_epoch`): it resumes there. Any other loader, e.g.
+    a validation loader, runs its whole pass every time it is iterated and moves nothing.
+    """
+
+    def __init__(self, ctx: TrainContext, loader: DataLoader, sampler: ResumableDistributedSampler, index: int):
+        self._ctx, self.loader, self.sampler, self.index = ctx, loader, sampler, index
+        # Batches of the current pass already yielded.
+        self.position = 0
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def _is_training(self) -> bool:
+        known = self._ctx._train_loader
+        return known == self.index or (known is None and self.index == 0)
+
     def __iter__(self):
         ctx = self._ctx
-        start = ctx.progress.batch_in_epoch
+        training = self._is_training()
+        start = ctx.progress.batch_in_epoch if training else 0
+        self.position = start
         self.sampler.set_epoch(ctx.progress.epoch)
         self.sampler.start_batch = start
         # Building a DataLoader iterator draws from the global RNG. The uninterrupted run built
         # it at the epoch's start: so restore before building at an epoch boundary, after it
         # mid-epoch (the saved state already includes that draw).
-        if start == 0:
+        if training and start == 0:
             ctx._restore_pending_rng()
         iterator = iter(self.loader)
-        ctx._restore_pending_rng()
+        if training:
+            ctx._restore_pending_rng()
         heartbeat = ctx._session.heartbeat
-        for batch in iterator:
-            if ctx._steps_exhausted():
-                return
-            if heartbeat.phase == EPOCH_END:
-                heartbeat.enter(TRAINING)
-            ctx.progress.batch_in_epoch += 1
-            ctx._last_batch_size = batch_len(batch)
-            yield to_device(batch, ctx.device)
-        # The epoch's data is done: what the loop does until the next epoch's first batch
-        # (evaluation, logging) is not timed as a hang.
-        heartbeat.enter(EPOCH_END)
+        ctx._iterating.append(self)
+        try:
+            for batch in iterator:
+                training = self._is_training()
+                if training and ctx._steps_exhausted():
+                    return
+                if training and heartbeat.phase == EPOCH_END:
+                    heartbeat.enter(TRAINING)
+                self.position += 1
+                if training:
+                    ctx.progress.batch_in_epoch = self.position
+                    ctx._last_batch_size = batch_len(batch)
+                yield to_device(batch, ctx.device)
+        finally:
+            ctx._iterating.remove(self)
+        if self._is_training():
+            # The epoch's data is done: what the loop does until the next epoch's first batch
+            # (evaluation, logging) is not timed as a hang.
+            heartbeat.enter(EPOCH_END)
 
 
 def train_torch(session: WorkerSession) -> None:

@@ -30,15 +30,18 @@ class Progress:
     # Batches of `epoch` already trained on (0 at an epoch boundary).
     batch_in_epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # Plain-torch path: which of the loop's ctx.data_loader()s (in creation order) is the
+    # training loader, whose position batch_in_epoch is.
+    train_loader: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "metrics": dict(self.metrics)}
+                "metrics": dict(self.metrics), "train_loader": self.train_loader}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Progress:
         return cls(epoch=raw["epoch"], step=raw["step"], batch_in_epoch=raw["batch_in_epoch"],
-                   metrics=dict(raw.get("metrics", {})))
+                   metrics=dict(raw.get("metrics", {})), train_loader=int(raw.get("train_loader", 0)))
 
 
 @dataclass
