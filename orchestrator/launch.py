@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -72,25 +72,15 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
             monitor = start_monitor(job.failure.hang_timeout_s)
             trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor,
                                      None if connection.job_env_applied else worker_env)
-            watcher = RunWatcher(monitor, job, say)
-            signals = StopSignals(on_stop=lambda deadline: _request_stop(monitor, say, deadline))
-            watcher.start()
-            try:
-                with signals.installed():
-                    error = _fit(trainer, monitor, signals, say, lambda: _write_partial_summary(
-                        job, run_dir, monitor, choice, started, watcher, signals))
-            finally:
-                watcher.stop()
-            stopped_by = signals.stopped_by(error)
-            result = _result(job, run_dir, monitor, choice, started, watcher, error, stopped_by)
-            if error is not None and not stopped_by:
-                result.error = describe_failure(job, error, run_dir, result, watcher)
+            attempt = _Attempt(job, run_dir, choice, monitor, say, started)
+            result, error = attempt.fit(trainer)
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
             write_summary(run_dir, result)
         finally:
             cluster.disconnect(connection)
 
-    if stopped_by:
+    if result.status == "stopped":
+        stopped_by = attempt.signals.received or "SIGINT"
         raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
     if error is not None:
         raise TrainingFailed(result.error)
@@ -98,65 +88,82 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     return result
 
 
-def _fit(trainer: TorchTrainer, monitor, signals: StopSignals, say: Console,
-         on_first_signal: Callable[[], None]) -> BaseException | None:
-    """trainer.fit() on a thread of its own, so that this (main) thread keeps its signal handling.
+class _Attempt:
+    """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
 
-    A stop request gives the workers until the grace period's end to checkpoint and finish; then
-    they are ended (the run monitor tells them), and a second signal stops waiting at once.
-    """
-    outcome: dict[str, BaseException | None] = {"error": None}
+    def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float):
+        self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
+        self.started = started
+        self.watcher = RunWatcher(monitor, job, say)
+        self.signals = StopSignals(on_stop=self._request_stop)
 
-    def fit() -> None:
+    def fit(self, trainer: TorchTrainer) -> tuple[RunResult, BaseException | None]:
+        self.watcher.start()
         try:
-            trainer.fit()
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller, with the worker's own message
-            outcome["error"] = exc
+            with self.signals.installed():
+                error = self._fit(trainer)
+        finally:
+            self.watcher.stop()
+        stopped_by = self.signals.stopped_by(error)
+        result = self.result(error, stopped_by)
+        if error is not None and not stopped_by:
+            result.error = describe_failure(self.job, error, self.run_dir, result, self.watcher)
+        return result, error
 
-    thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
-    thread.start()
-    aborting_since = None
-    summarized = False
-    while thread.is_alive():
-        thread.join(timeout=0.2)
-        if signals.received and not summarized:
-            summarized = True
-            on_first_signal()  # the sender may kill this process before the workers are done
-        left = signals.grace_left()
-        if left is not None and left <= 0 and aborting_since is None:
-            say("the stop's grace period ran out: ending the workers (the newest committed checkpoint is kept)")
-            monitor.abort.remote("the run was stopped and its grace period ran out")
-            aborting_since = time.monotonic()
-        if signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
-            return outcome["error"] or RuntimeError("stopped before the workers finished")
-    return outcome["error"]
+    def _fit(self, trainer: TorchTrainer) -> BaseException | None:
+        """trainer.fit() on a thread of its own, so that this (main) thread keeps its signal handling.
 
+        A stop request gives the workers until the grace period's end to checkpoint and finish;
+        then they are ended (the run monitor tells them); a second signal stops waiting at once.
+        """
+        outcome: dict[str, BaseException | None] = {"error": None}
 
-def _request_stop(monitor, say: Console, deadline_monotonic: float) -> None:
-    grace = max(0.0, deadline_monotonic - time.monotonic())
-    say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.0f} s; "
-        "signal again to stop at once)")
-    monitor.request_stop.remote(time.time() + grace)
+        def fit() -> None:
+            try:
+                trainer.fit()
+            except BaseException as exc:  # noqa: BLE001 - reported by the caller, with the worker's own message
+                outcome["error"] = exc
 
+        thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
+        thread.start()
+        aborting_since = None
+        summarized = False
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            if self.signals.received and not summarized:
+                summarized = True
+                self._write_partial_summary()  # the sender may kill this process before the workers are done
+            left = self.signals.grace_left()
+            if left is not None and left <= 0 and aborting_since is None:
+                self.say("the stop's grace period ran out: ending the workers (the newest committed checkpoint "
+                         "is kept)")
+                self.monitor.abort.remote("the run was stopped and its grace period ran out")
+                aborting_since = time.monotonic()
+            if self.signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
+                return outcome["error"] or RuntimeError("stopped before the workers finished")
+        return outcome["error"]
 
-def _result(job: JobSpec, run_dir, monitor, choice, started: float, watcher: RunWatcher,
-            error: BaseException | None, stopped_by: str | None) -> RunResult:
-    ended = time.time()
-    events = ray.get(monitor.events_since.remote(0), timeout=30)
-    last_steps = ray.get(monitor.last_steps.remote(), timeout=30)
-    goodput = compute_goodput(events, started=started, ended=ended, capacity_waits=watcher.capacity_waits(),
-                              last_steps=last_steps)
-    return RunResult.from_events(job, run_dir, events, choice, wall_seconds=ended - started, error=error,
-                                 stopped_by=stopped_by, goodput=goodput)
+    def _request_stop(self, deadline_monotonic: float) -> None:
+        grace = max(0.0, deadline_monotonic - time.monotonic())
+        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.0f} s; "
+                 "signal again to stop at once)")
+        self.monitor.request_stop.remote(time.time() + grace)
 
+    def result(self, error: BaseException | None, stopped_by: str | None) -> RunResult:
+        ended = time.time()
+        events = ray.get(self.monitor.events_since.remote(0), timeout=30)
+        last_steps = ray.get(self.monitor.last_steps.remote(), timeout=30)
+        goodput = compute_goodput(events, started=self.started, ended=ended,
+                                  capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps)
+        return RunResult.from_events(self.job, self.run_dir, events, self.choice, wall_seconds=ended - self.started,
+                                     error=error, stopped_by=stopped_by, goodput=goodput)
 
-def _write_partial_summary(job, run_dir, monitor, choice, started, watcher, signals) -> None:
-    """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""
-    try:
-        write_summary(run_dir, _result(job, run_dir, monitor, choice, started, watcher, None,
-                                       signals.received))
-    except Exception:  # noqa: BLE001 - the final summary is written again at the end
-        pass
+    def _write_partial_summary(self) -> None:
+        """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""
+        try:
+            write_summary(self.run_dir, self.result(None, self.signals.received))
+        except Exception:  # noqa: BLE001 - the final summary is written again at the end
+            pass
 
 
 def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
