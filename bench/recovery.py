@@ -69,6 +69,12 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The node-killing helpers are the node-loss tests' own.
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from node_faults import kill_node as _kill_node  # noqa: E402
+from node_faults import training_worker_pids as _training_worker_pids  # noqa: E402
+
 SIDES = ("orchestrator", "raw")
 FAULTS = ("node", "sigstop")
 # tests/test_node_loss.py's settings; Ray's defaults are a 3 s period, 10 s timeout, 5 misses.
@@ -107,44 +113,6 @@ def _read_log(path: str) -> list[dict]:
         except ValueError:  # a line being written right now
             continue
     return lines
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
-def _training_worker_pids(node) -> list[int]:
-    """The RayTrainWorker processes the node's raylet started (as in tests/test_node_loss.py)."""
-    raylet = node.all_processes["raylet"][0].process.pid
-    pids = []
-    for pid in _children(raylet):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"RayTrainWorker" in f.read():
-                    pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
-def _kill_node(cluster, node) -> None:
-    """The node's raylet, and the training workers it started, die at once (SIGKILL, no clean-up)."""
-    workers = _training_worker_pids(node)
-    cluster.remove_node(node, allow_graceful=False)
-    for pid in workers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _processes_of(temp_dir: str) -> list[int]:

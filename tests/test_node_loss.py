@@ -7,14 +7,13 @@ by its own process ids, its raylet and everything the raylet started, as when a 
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
 import pytest
 import ray
 from conftest import wait_for
+from node_faults import kill_node, training_worker_pids
 from ray.cluster_utils import Cluster
 from specs import torch_spec
 
@@ -40,43 +39,6 @@ def three_node_cluster():
     if ray.is_initialized():
         ray.shutdown()
     cluster.shutdown()
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
-def _training_worker_pids(node) -> list[int]:
-    raylet = node.all_processes["raylet"][0].process.pid
-    pids = []
-    for pid in _children(raylet):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"RayTrainWorker" in f.read():
-                    pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
-def _kill_node(cluster: Cluster, node) -> None:
-    """The node's raylet, and the workers it started, die at once (SIGKILL, no clean-up)."""
-    workers = _training_worker_pids(node)
-    cluster.remove_node(node, allow_graceful=False)
-    for pid in workers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class BackgroundRun:
@@ -114,8 +76,8 @@ def test_a_node_lost_mid_run_is_replaced_and_the_run_ends_with_the_clean_weights
     store = CheckpointStore(storage.resolve(str(tmp_path / "node-loss")))
     wait_for(lambda: store.committed() or run.ended(), timeout=240)
     assert not run.ended(), run.result()
-    doomed = next(n for n in cluster.worker_nodes if _training_worker_pids(n))
-    _kill_node(cluster, doomed)
+    doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
+    kill_node(cluster, doomed)
     result = run.result()
 
     assert result.status == "finished"
@@ -156,7 +118,7 @@ def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_f
     wait_for(lambda: marker.exists() or run.ended(), timeout=240)
     assert not run.ended(), run.result()
 
-    doomed = next(n for n in cluster.worker_nodes if _training_worker_pids(n))
+    doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
     deadline = time.monotonic() + PREEMPTION_DEADLINE_S
     _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
     store = CheckpointStore(storage.resolve(str(tmp_path / "preempted")))
@@ -166,7 +128,7 @@ def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_f
     # At the deadline Ray Train restarts the group away from the drained node; then the cloud
     # takes the machine.
     time.sleep(max(0.0, deadline - time.monotonic()) + 2)
-    _kill_node(cluster, doomed)
+    kill_node(cluster, doomed)
     result = run.result()
 
     assert result.status == "finished"
