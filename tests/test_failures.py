@@ -154,3 +154,39 @@ def test_a_run_the_cluster_can_never_hold_says_what_is_missing_and_gives_up_afte
     summary = _summary(tmp_path / "too-big")
     assert summary["status"] == "failed" and summary["goodput"]["lost_s"]["capacity_wait"] >= 10
 
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_whose_grace_runs_out_ends_the_workers_and_keeps_every_committed_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    spec = torch_spec("no-grace", tmp_path, "faulty:slow_loop", sleep_s=0.5)
+    path = tmp_path / "no-grace.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests"), "ORCHESTRATOR_STOP_GRACE_S": "0"}
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(path)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in driver.stdout:
+            lines.append(line)
+            if "checkpoint committed: step 10" in line:
+                signalled = time.monotonic()
+                driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=120)
+    finally:
+        driver.kill()
+    output = "".join(lines)
+
+    assert driver.returncode == 143, output
+    assert time.monotonic() - signalled < 60, "the workers were not ended when the grace ran out"
+    assert "grace period ran out" in output
+    summary = _summary(tmp_path / "no-grace")
+    assert summary["status"] == "stopped"
+    store = CheckpointStore(storage.resolve(str(tmp_path / "no-grace")))
+    assert 10 in [store.verify(i).step for i in store.committed() if i.status == "committed"]
