@@ -123,11 +123,28 @@ class OrchestratorCallback(Callback):
         self.session.commit(self.progress, reason, lambda: {CKPT_FILE: dumps_state(snapshot)})
 
 
+SCRATCH_PREFIX = "orchestrator-lightning-"
+
+
 def train_lightning(session: WorkerSession) -> None:
     # Lightning's root dir and the copy of the checkpoint it resumes from live in a scratch
-    # folder of this worker that goes with it (a checkpoint can be gigabytes).
-    with tempfile.TemporaryDirectory(prefix="orchestrator-lightning-") as scratch:
+    # folder of this worker that goes with it (a checkpoint can be gigabytes). A worker that was
+    # killed cannot remove its own: the next one on the machine does.
+    _remove_scratch_of_dead_workers()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:
         _train(session, scratch)
+
+
+def _remove_scratch_of_dead_workers() -> None:
+    import shutil
+
+    from orchestrator.cluster import is_alive
+
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if name.startswith(SCRATCH_PREFIX) and pid.isdigit() and not is_alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def _train(session: WorkerSession, scratch: str) -> None:
