@@ -55,9 +55,6 @@ class RunMonitor:
     def events_since(self, index: int) -> list[dict[str, Any]]:
         return self._events[index:]
 
-    def latest_checkpoint(self) -> dict[str, Any] | None:
-        return self._latest_checkpoint
-
     def begin_group(self, world_size: int) -> dict[str, Any]:
         """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
         self._groups += 1
@@ -70,17 +67,15 @@ class RunMonitor:
         now = time.time()
         if beat["rank"] == 0 and beat["step"] > self._last_steps.get(group, (0, 0.0))[0]:
             self._last_steps[group] = (beat["step"], now)
+        undecided = self._watchdog.verdict is None
         verdict = self._watchdog.observe(group, Beat(**beat), now)
-        if verdict is not None and not any(e["kind"] == "hang" and e["group"] == group for e in self._events):
+        if verdict is not None and undecided:  # recorded once, when it is reached
             self.push("hang", **verdict)
         abort = verdict["message"] if verdict else self._abort_reason
         return {"abort": abort, "stop": self._stop_requested is not None}
 
     def last_steps(self) -> dict[int, tuple[int, float]]:
         return dict(self._last_steps)
-
-    def hang_verdict(self) -> dict[str, Any] | None:
-        return self._watchdog.verdict
 
     def failure_context(self) -> dict[str, Any]:
         """What Ray Train's controller needs to classify a failure of the current group: the hang
@@ -93,9 +88,6 @@ class RunMonitor:
         if self._stop_requested is None:
             self._stop_requested = deadline
             self.push("stop_requested", deadline=deadline)
-
-    def stop_requested(self) -> bool:
-        return self._stop_requested is not None
 
     def abort(self, reason: str) -> None:
         """End the current worker group now (a stop whose grace period ran out)."""

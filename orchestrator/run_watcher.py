@@ -153,7 +153,7 @@ class RunWatcher:
         self._up = True
         self._close_wait(when)
 
-    def _group_down(self, when: float) -> None:
+    def _group_down(self) -> None:
         self._up = False
 
     # --- event lines ----------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class RunWatcher:
         if kind == "hang":
             return f"hang detected: {event['message']}; restarting the group from the newest checkpoint"
         if kind == "failure":
-            self._group_down(event["time"])
+            self._group_down()
             ranks = "; ".join(_record_line(r) for r in event["ranks"]) or "no rank reported an error"
             then = {"user": "not retried: it is an error in the training code",
                     "stopped": "not restarted: the run is stopping"}.get(

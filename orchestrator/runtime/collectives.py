@@ -26,12 +26,6 @@ def cpu_group():
     return _group
 
 
-def reset() -> None:
-    """Forget the side group (a new worker group in the same process builds its own)."""
-    global _group
-    _group = None
-
-
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's `obj` on every rank."""
     if not _active():
