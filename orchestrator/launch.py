@@ -66,7 +66,7 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
 
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
-    with recovery_settings(job.failure) as controller_env:
+    with recovery_settings(job.failure, job.scaling) as controller_env:
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
         try:
             monitor = start_monitor(job.failure.hang_timeout_s)
@@ -169,6 +169,7 @@ class _Attempt:
 def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
                    worker_env: dict[str, str] | None) -> TorchTrainer:
     scaling = job.scaling
+    elastic = scaling.elastic
     resources = dict(scaling.resources_per_worker)
     if scaling.use_gpu:
         resources.setdefault("GPU", 1.0)
@@ -185,7 +186,9 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
         train_loop_config=config,
         torch_config=TorchConfig(timeout_s=collective_timeout_s(job.failure)),
         scaling_config=ScalingConfig(
-            num_workers=scaling.num_workers,
+            # [min, max]: Ray Train's elastic policy sizes each start to what the cluster holds.
+            num_workers=(scaling.min_workers, scaling.num_workers) if elastic else scaling.num_workers,
+            elastic_resize_monitor_interval_s=scaling.resize_interval_s,
             use_gpu=scaling.use_gpu,
             resources_per_worker=resources,
             placement_strategy=PLACEMENT_STRATEGIES[scaling.placement],
@@ -194,11 +197,13 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
             # Ray keeps its own run state here; checkpoints are ours, in <run_dir>/checkpoints.
             name=f"{job.name}-{int(time.time())}",
             storage_path=ray_dir.uri if not ray_dir.is_local else ray_dir.path,
-            # A worker group that cannot be placed within capacity_timeout_s (Ray Train's start
-            # timeout, see recovery.py) is given up on, not retried: the run says what it lacked.
+            # A fixed-size worker group that cannot be placed within capacity_timeout_s (Ray
+            # Train's start timeout, see recovery.py) is given up on, not retried: the run says
+            # what it lacked. An elastic one retries a short start timeout at the size the
+            # cluster holds then.
             failure_config=FailureConfig(max_failures=job.failure.max_failures,
                                          max_preemption_failures=job.failure.max_preemptions,
-                                         controller_failure_limit=0),
+                                         controller_failure_limit=-1 if elastic else 0),
             callbacks=[FailureClassifier(monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             # Only when the job itself could not be given the workers' variables (cluster.connect).

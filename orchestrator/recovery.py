@@ -8,7 +8,7 @@ a worker group that cannot be placed is retried every minute forever, and a rest
 |---|---|---|---|
 | RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S | 600 | failure.hang_timeout_s | a frozen worker is a hang |
 | RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | 2 | 1 | notice a dead worker within a second |
-| RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S | 60 | failure.capacity_timeout_s | one wait, then a clear error |
+| RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S | 60 | failure.capacity_timeout_s (fixed size); 10 (elastic) | one wait, then a clear error; elastic: try the next size soon |
 | TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S | 30 | 2 | a frozen or dead rank never answers the shutdown |
 | TorchConfig(timeout_s) | 1800 | max(600, 10 x hang_timeout_s) | a backstop; the watchdog knows phases |
 
@@ -17,6 +17,11 @@ propagates them). The process-group shutdown timeout is read by the controller p
 an embedded cluster inherits it from the driver; a driver joining a cluster passes it in its
 job's runtime environment unless the job already sets it. A user's own value of any of them,
 exported before the run, wins.
+
+An elastic run (scaling.num_workers [min, max]) starts with as many workers as the cluster's
+alive nodes hold. Right after a node is lost, Ray may still list it, and the first start asks for
+too many workers: with a 10 s start timeout (retried without limit) the next try, at the size the
+cluster really has, comes soon instead of after a minute.
 
 What the cluster decides (the GCS health checks that declare a node dead, ~30 s by default) is
 the cluster's: see README, "Fast recovery on a cluster".
@@ -28,20 +33,25 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from orchestrator.spec import FailureSpec
+from orchestrator.spec import FailureSpec, ScalingSpec
 
 HEALTH_CHECK_INTERVAL_S = 1.0
 PROCESS_GROUP_SHUTDOWN_TIMEOUT_S = 2
+# Elastic runs: seconds a worker group start waits for its placement before Ray Train tries again
+# (at the size the cluster has then).
+ELASTIC_START_TIMEOUT_S = 10.0
 # The process-group timeout is a backstop behind the hang watchdog, never shorter than this.
 MIN_COLLECTIVE_TIMEOUT_S = 600
 
 
-def ray_train_env(failure: FailureSpec) -> dict[str, str]:
+def ray_train_env(failure: FailureSpec, scaling: ScalingSpec) -> dict[str, str]:
     """Variables Ray Train's controller reads, from the driver's environment."""
+    elastic = scaling.elastic
+    start_timeout = ELASTIC_START_TIMEOUT_S if elastic else failure.capacity_timeout_s
     return {
         "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": f"{failure.hang_timeout_s:g}",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": f"{HEALTH_CHECK_INTERVAL_S:g}",
-        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{failure.capacity_timeout_s:g}",
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{start_timeout:g}",
     }
 
 
@@ -55,13 +65,13 @@ def collective_timeout_s(failure: FailureSpec) -> int:
 
 
 @contextlib.contextmanager
-def recovery_settings(failure: FailureSpec) -> Iterator[dict[str, str]]:
+def recovery_settings(failure: FailureSpec, scaling: ScalingSpec) -> Iterator[dict[str, str]]:
     """Set the recovery variables in this process for the run, restoring the environment after.
 
     Yields the controller-process variables the user did not set (for a joined cluster's job
     runtime environment).
     """
-    wanted = {**ray_train_env(failure), **controller_process_env()}
+    wanted = {**ray_train_env(failure, scaling), **controller_process_env()}
     ours = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(ours)
     try:

@@ -76,16 +76,12 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             "converting between a sharded and a whole-model checkpoint is not supported. Fix: set "
             f"torch.strategy: {written} to resume it, or start a new run (another name, or resume_from: none)."
         )
-    if manifest.sharded and manifest.world_size != spec.scaling.num_workers:
-        raise CheckpointError(
-            f"checkpoint {choice.uri} is sharded over {manifest.world_size} workers (torch.strategy: fsdp) and "
-            f"this run has scaling.num_workers: {spec.scaling.num_workers}; resharding is not supported. Fix: "
-            f"run with --set scaling.num_workers={manifest.world_size}, or start a new run."
-        )
-    if manifest.world_size != spec.scaling.num_workers:
-        log.warning("checkpoint %s was written by %d workers and this run has %d: the model and optimizer "
-                    "resume exactly, the per-rank data position and RNG streams restart",
-                    choice.uri, manifest.world_size, spec.scaling.num_workers)
+    low, high = spec.scaling.min_workers, spec.scaling.num_workers
+    if not low <= manifest.world_size <= high:
+        sizes = f"{high}" if low == high else f"from {low} to {high}"
+        log.info("checkpoint %s was written by %d workers and this run has %s: the data continues at its "
+                 "global position%s; each rank's RNG stream starts afresh", choice.uri, manifest.world_size,
+                 sizes, " and the sharded state is resharded" if manifest.sharded else "")
 
 
 def is_finished(spec: JobSpec, manifest: Manifest | None) -> bool:

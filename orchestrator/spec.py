@@ -83,14 +83,28 @@ class TorchSpec:
 
 @dataclass(frozen=True)
 class ScalingSpec:
-    # Number of training workers (DDP ranks), >= 1.
+    # Number of training workers (DDP ranks), >= 1. Written [min, max] in a spec: elastic, and
+    # this is the max (the size the run grows back to when the cluster has room).
     num_workers: int = 2
+    # Elastic runs: the fewest workers the run trains with (equal to num_workers: a fixed size).
+    min_workers: int = 2
+    # Elastic runs: seconds between checks for room to grow back toward num_workers. A growth
+    # restarts the workers from the newest checkpoint, so a shorter interval grows sooner.
+    resize_interval_s: float = 30.0
+    # Samples per optimizer step over all workers, the same at every world size (None: each
+    # worker's batch is its loader's batch_size, so the global batch follows the world size).
+    # The orchestrator splits it into per-worker micro-batches and gradient accumulation.
+    global_batch_size: int | None = None
     # Give each worker one GPU and use NCCL; false trains on CPU with gloo.
     use_gpu: bool = False
     # Ray resources each worker asks for, e.g. {CPU: 1}.
     resources_per_worker: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     # spread: one worker per node where possible; pack: fill a node before using the next.
     placement: str = "spread"
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers < self.num_workers
 
 
 @dataclass(frozen=True)
@@ -277,6 +291,9 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         )
     lightning = _lightning(raw["lightning"], check_imports) if has_lightning else None
     torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
+    scaling = _scaling(raw.get("scaling") or {})
+    if lightning is not None:
+        _check_lightning_scaling(lightning, scaling)
     return JobSpec(
         name=name,
         storage=storage,
@@ -284,7 +301,7 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         seed=seed,
         lightning=lightning,
         torch=torch_spec,
-        scaling=_scaling(raw.get("scaling") or {}),
+        scaling=scaling,
         checkpoint=_checkpoint(raw.get("checkpoint") or {}),
         failure=_failure(raw.get("failure") or {}),
         env=_env(raw.get("env") or {}),
@@ -313,6 +330,25 @@ def _lightning(raw: Any, check_imports: bool) -> LightningSpec:
             "or lightning.trainer.max_steps."
         )
     return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy)
+
+
+def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> None:
+    """Trainer arguments whose meaning depends on the world size cannot go with an elastic one."""
+    accumulate = lightning.trainer.get("accumulate_grad_batches")
+    if accumulate is None:
+        return
+    if scaling.global_batch_size is not None:
+        raise SpecError(
+            f"field 'lightning.trainer.accumulate_grad_batches': {accumulate} is set together with "
+            f"scaling.global_batch_size {scaling.global_batch_size}, and the orchestrator chooses the "
+            "accumulation itself from the global batch, the world size and the loader's batch_size. "
+            "Fix: remove accumulate_grad_batches (the loader's batch_size is the largest micro-batch).")
+    if scaling.min_workers != scaling.num_workers:
+        raise SpecError(
+            f"field 'lightning.trainer.accumulate_grad_batches': {accumulate} cannot resize with "
+            f"scaling.num_workers [{scaling.min_workers}, {scaling.num_workers}]: a fixed accumulation "
+            "makes the samples per optimizer step change with the world size. Fix: remove it and set "
+            "scaling.global_batch_size (held constant at every size; the accumulation is chosen for you).")
 
 
 def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:
@@ -365,12 +401,12 @@ def _scaling(raw: Any) -> ScalingSpec:
     _mapping(raw, path)
     _check_keys(raw, ScalingSpec, path)
     workers = raw.get("num_workers", 2)
-    if isinstance(workers, (list, tuple)):
-        raise SpecError(
-            f"field 'scaling.num_workers': {workers!r} asks for an elastic [min, max] range, which this "
-            "version does not support yet. Fix: give a fixed number of workers, e.g. num_workers: 2."
-        )
-    num_workers = _int(raw, "num_workers", path, 2, minimum=1)
+    if raw.get("min_workers") is not None and isinstance(workers, int) and not isinstance(workers, bool):
+        workers = [raw["min_workers"], workers]  # the form JobSpec.to_dict() writes
+    low, high = _worker_range(workers)
+    global_batch = _int(raw, "global_batch_size", path, None, minimum=1)
+    if global_batch is not None:
+        _check_global_batch(global_batch, low, high)
     use_gpu = _bool(raw, "use_gpu", path, False)
     resources = _optional(raw, "resources_per_worker", path, dict, {"CPU": 1.0})
     for key, value in resources.items():
@@ -381,10 +417,55 @@ def _scaling(raw: Any) -> ScalingSpec:
             )
     placement = _choice(raw, "placement", path, PLACEMENTS, "spread")
     return ScalingSpec(
-        num_workers=num_workers,
+        num_workers=high,
+        min_workers=low,
+        resize_interval_s=_seconds(raw, "resize_interval_s", path, 30.0, minimum=1.0),
+        global_batch_size=global_batch,
         use_gpu=use_gpu,
         resources_per_worker={str(k): float(v) for k, v in resources.items()},
         placement=placement,
+    )
+
+
+def _worker_range(value: Any) -> tuple[int, int]:
+    """scaling.num_workers: a whole number, or an elastic [min, max]."""
+    where = "field 'scaling.num_workers'"
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise SpecError(f"{where}: got {list(value)!r}; an elastic size is two whole numbers [min, max]. "
+                            "Fix: e.g. num_workers: [2, 4] (or one number for a fixed size).")
+        low, high = value
+        if low < 1:
+            raise SpecError(f"{where}: [{low}, {high}] has min {low}, but at least one worker must train. "
+                            f"Fix: num_workers: [1, {max(high, 1)}].")
+        if low > high:
+            raise SpecError(f"{where}: [{low}, {high}] has min {low} above max {high}. "
+                            f"Fix: num_workers: [{high}, {low}].")
+        return low, high
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}: got {_describe(value)}, expected a whole number >= 1 or an elastic range "
+                        "[min, max]. Fix: e.g. num_workers: 2 or num_workers: [1, 4].")
+    if value < 1:
+        raise SpecError(f"{where}: got {value}, but it must be at least 1. Fix: set scaling.num_workers to 1 or more.")
+    return value, value
+
+
+def _check_global_batch(global_batch: int, low: int, high: int) -> None:
+    from orchestrator.data.order import nearest_splittable, sizes_that_split
+
+    bad = [w for w in range(low, high + 1) if global_batch % w]
+    if not bad:
+        return
+    sizes = "[" + f"{low}, {high}" + "]" if low != high else str(low)
+    works = sizes_that_split(global_batch, low, high)
+    nearest = nearest_splittable(global_batch, low, high)
+    raise SpecError(
+        f"field 'scaling.global_batch_size': {global_batch} does not split evenly over "
+        f"{', '.join(map(str, bad))} worker(s), a size that scaling.num_workers {sizes} allows; every worker "
+        "takes the same share of each global batch. "
+        + (f"Sizes in range that split it: {', '.join(map(str, works))}. " if works else "")
+        + f"Fix: global_batch_size: {nearest} (the nearest that every size from {low} to {high} splits), "
+        "or narrow num_workers to sizes that split it."
     )
 
 

@@ -73,7 +73,22 @@ BAD_SPECS = [
     ("keep_best bad mode", with_(TORCH, "checkpoint.keep_best", {"k": 2, "monitor": "val_loss", "mode": "lowest"}), ["checkpoint.keep_best.mode", "min, max"]),
     ("non-boolean use_gpu", with_(TORCH, "scaling.use_gpu", "yes please"), ["scaling.use_gpu", "true or false"]),
     ("negative resource", with_(TORCH, "scaling.resources_per_worker", {"CPU": -1}), ["resources_per_worker.CPU", "non-negative"]),
-    ("elastic range not yet supported", with_(TORCH, "scaling.num_workers", [1, 4]), ["[1, 4]", "elastic", "num_workers: 2"]),
+    ("elastic min above max", with_(TORCH, "scaling.num_workers", [3, 1]), ["scaling.num_workers", "min 3 above max 1", "[1, 3]"]),
+    ("elastic min below one", with_(TORCH, "scaling.num_workers", [0, 2]), ["scaling.num_workers", "min 0", "[1, 2]"]),
+    ("elastic range of three", with_(TORCH, "scaling.num_workers", [1, 2, 3]), ["scaling.num_workers", "[min, max]"]),
+    ("global batch some size cannot split",
+     with_(with_(TORCH, "scaling.num_workers", [1, 3]), "scaling.global_batch_size", 100),
+     ["scaling.global_batch_size", "100", "over 3 worker", "Sizes in range that split it: 1, 2", "global_batch_size: 102"]),
+    ("global batch a fixed size cannot split",
+     with_(with_(TORCH, "scaling.num_workers", 4), "scaling.global_batch_size", 10),
+     ["scaling.global_batch_size", "10", "over 4 worker", "global_batch_size: 8"]),
+    ("accumulation cannot resize",
+     with_(with_(LIGHTNING, "scaling.num_workers", [1, 3]), "lightning.trainer.accumulate_grad_batches", 2),
+     ["lightning.trainer.accumulate_grad_batches", "cannot resize", "[1, 3]", "scaling.global_batch_size"]),
+    ("accumulation with a global batch",
+     with_(with_(LIGHTNING, "scaling.global_batch_size", 64), "lightning.trainer.accumulate_grad_batches", 2),
+     ["lightning.trainer.accumulate_grad_batches", "chooses the accumulation", "remove accumulate_grad_batches"]),
+    ("resize interval too short", with_(TORCH, "scaling.resize_interval_s", 0), ["scaling.resize_interval_s", "at least 1"]),
     ("env value is a mapping", with_(TORCH, "env", {"NCCL_DEBUG": {"a": 1}}), ["env.NCCL_DEBUG", "strings"]),
     ("init_args not a mapping", with_(LIGHTNING, "lightning.model.init_args", [1]), ["lightning.model.init_args", "mapping"]),
     ("hang timeout too short", with_(TORCH, "failure.hang_timeout_s", 1), ["failure.hang_timeout_s", "1 (int)", "at least 5"]),
@@ -102,6 +117,16 @@ def test_a_valid_spec_becomes_typed_objects_with_documented_defaults():
     assert spec.lightning.strategy == "ddp"
     assert spec.checkpoint.async_save is True
     assert spec.failure.hang_timeout_s == 60 and spec.failure.capacity_timeout_s == 600
+
+
+def test_an_elastic_range_and_a_global_batch_become_min_max_and_round_trip():
+    spec = validate(with_(with_(TORCH, "scaling.num_workers", [1, 3]), "scaling.global_batch_size", 96))
+    assert (spec.scaling.min_workers, spec.scaling.num_workers) == (1, 3) and spec.scaling.elastic
+    assert spec.scaling.global_batch_size == 96 and spec.scaling.resize_interval_s == 30.0
+    again = validate(spec.to_dict())
+    assert again.scaling == spec.scaling
+    fixed = validate(TORCH).scaling
+    assert fixed.min_workers == fixed.num_workers == 2 and not fixed.elastic
 
 
 def test_set_overrides_any_field_and_parses_values_as_yaml(tmp_path):

@@ -26,7 +26,7 @@ class FileEntry:
 class Manifest:
     step: int
     epoch: int
-    # Batches of the current epoch already trained on (0 at an epoch boundary).
+    # Micro-batches of the current epoch one rank trained on (0 at an epoch boundary).
     batch_in_epoch: int
     world_size: int
     # "lightning" or "torch": which harness can load it.
@@ -36,8 +36,10 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     # Why it was written: "steps", "seconds", "epoch_end", "end", "preemption".
     reason: str = "steps"
-    # True: every rank wrote its own file (FSDP), and only the same number of ranks can load it.
+    # True: every rank wrote its own file (FSDP); any number of ranks can load it (resharded).
     sharded: bool = False
+    # Samples of the current epoch trained on by all ranks together: the data's global position.
+    consumed: int = 0
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
 

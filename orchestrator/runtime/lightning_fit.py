@@ -2,9 +2,13 @@
 through Ray's Lightning strategy, environment and trainer preparation.
 
 What we add to a plain `Trainer.fit`:
-- the training DataLoader is rebuilt as a torchdata `StatefulDataLoader` over a seeded
-  DistributedSampler, so Lightning saves and restores the position inside the epoch (by
-  itself Lightning replays the epoch's permutation from the start after a mid-epoch resume);
+- the training DataLoader is rebuilt over the epoch's global order (orchestrator/data/order.py):
+  the same samples in the same order at any world size, each rank taking its slice of every
+  global batch. Its position (samples of the epoch consumed) is saved with every checkpoint and
+  the rebuilt loader starts there, so a resume, at any world size, neither repeats nor skips a
+  sample (by itself Lightning replays the epoch from its start);
+- with scaling.global_batch_size, the loader's batch size and accumulate_grad_batches are chosen
+  for the world size so that every optimizer step sees the same samples;
 - checkpoints go through our store (atomic, checksummed, asynchronous), at the steps the spec
   asks for, with every rank's RNG state, and are loaded with weights_only=True;
 - the final model fingerprint and metrics go to the driver.
@@ -21,10 +25,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
@@ -37,13 +41,34 @@ log = logging.getLogger("orchestrator.worker")
 CKPT_FILE = "lightning.ckpt"
 # Extra key in Lightning's checkpoint dict: our per-rank state (RNG), in rank order.
 RANKS_KEY = "orchestrator_ranks"
+# Extra key: the training data's global position, {"epoch": e, "consumed": samples}.
+DATA_KEY = "orchestrator_data"
+
+
+class TrainOrder:
+    """The rebuilt training loader's sampler, and where the current epoch's pass stands."""
+
+    def __init__(self) -> None:
+        self.sampler: GlobalOrderSampler | None = None
+        self.tracker: StepTracker | None = None
+        self._tracked_epoch = -1
+
+    def micro_batch_done(self, epoch: int) -> tuple[bool, int]:
+        """Count one trained micro-batch: (does it end an optimizer step, epoch position after it)."""
+        if self.sampler is None:
+            return True, 0
+        if self.tracker is None or self._tracked_epoch != epoch:
+            self.tracker, self._tracked_epoch = StepTracker(self.sampler), epoch
+        self.tracker.advance()
+        return self.tracker.step_due, self.tracker.consumed
 
 
 class OrchestratorCallback(Callback):
     """Saves through the store at the spec's cadence and reports progress to the driver."""
 
-    def __init__(self, session: WorkerSession, pending_rng: dict[str, Any] | None):
+    def __init__(self, session: WorkerSession, pending_rng: dict[str, Any] | None, order: TrainOrder):
         self.session = session
+        self.order = order
         self.progress = Progress()
         self._pending_rng = pending_rng
         self._last_step = -1
@@ -63,6 +88,9 @@ class OrchestratorCallback(Callback):
             self.session.prepare_snapshot({"model": pl_module.state_dict(),
                                            "optimizers": [o.state_dict() for o in trainer.optimizers]})
         self.session.count_samples(batch_len(batch))
+        step_due, consumed = self.order.micro_batch_done(trainer.current_epoch)
+        if step_due:
+            self.progress.consumed = consumed
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self.progress.metrics["loss"] = float(loss.detach())
@@ -87,9 +115,25 @@ class OrchestratorCallback(Callback):
     def on_sanity_check_start(self, trainer, pl_module):
         self.session.heartbeat.enter(VALIDATION)
 
+    def on_train_start(self, trainer, pl_module):
+        """After a resume in the middle of an epoch at another world size or accumulation: set
+        Lightning's batch counters to the micro-batches this size would have run by now, so its
+        accumulation boundaries and the epoch's end fall where the global order puts them."""
+        sampler = self.order.sampler
+        if sampler is None or sampler.start == 0:
+            return
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        delta = sampler.micro_batches_before() - progress.current.ready
+        for counter in (progress.current, progress.total):
+            counter.ready += delta
+            counter.started += delta
+            counter.processed += delta
+            counter.completed += delta
+
     def on_train_epoch_end(self, trainer, pl_module):
         self.session.heartbeat.enter(EPOCH_END)
         self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
+        self.progress.consumed = 0
         self._update(trainer, batch_in_epoch=0, epoch=trainer.current_epoch + 1)
         self.session.progress(self.progress, force=True)
         if self.session.spec.checkpoint.at_epoch_end:
@@ -119,6 +163,7 @@ class OrchestratorCallback(Callback):
             self.session.commit(self.progress, reason, dict)
             return
         checkpoint[RANKS_KEY] = ranks
+        checkpoint[DATA_KEY] = {"epoch": self.progress.epoch, "consumed": self.progress.consumed}
         snapshot = self.session.snapshot(checkpoint)
         self.session.commit(self.progress, reason, lambda: {CKPT_FILE: dumps_state(snapshot)})
 
@@ -154,10 +199,11 @@ def _train(session: WorkerSession, scratch: str) -> None:
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = spec.data.build()
-    ckpt_path, pending_rng, start_epoch = _prepare_resume(session, restored, scratch)
-    _use_stateful_train_loader(datamodule, seed=session.spec.seed, epoch=start_epoch)
+    ckpt_path, pending_rng, position = _prepare_resume(session, restored, scratch)
+    order = TrainOrder()
+    _use_global_order_train_loader(datamodule, session, position, order)
 
-    callback = OrchestratorCallback(session, pending_rng)
+    callback = OrchestratorCallback(session, pending_rng, order)
     # Quiet by default (the driver prints progress); a user's own value wins.
     trainer_args = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, **spec.trainer}
     trainer = pl.Trainer(
@@ -189,46 +235,69 @@ def _train(session: WorkerSession, scratch: str) -> None:
 
 
 def _prepare_resume(session: WorkerSession, restored: Restored | None,
-                    scratch: str) -> tuple[str | None, dict | None, int]:
-    """Write the chosen checkpoint where Lightning can load it; pick out this rank's RNG state."""
+                    scratch: str) -> tuple[str | None, dict | None, dict[str, int]]:
+    """Write the chosen checkpoint where Lightning can load it; pick out this rank's RNG state and
+    the training data's position."""
     if restored is None:
-        return None, None, 0
+        return None, None, {"epoch": 0, "consumed": 0}
     data = restored.files[CKPT_FILE]
     # Our own weights_only load first: it refuses unsafe content with a clear message.
     state = loads_state(data, source=f"{restored.info.uri}/{CKPT_FILE}")
     ranks = state.get(RANKS_KEY) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
+    position = state.get(DATA_KEY) or {"epoch": restored.manifest.epoch, "consumed": restored.manifest.consumed}
     path = os.path.join(scratch, CKPT_FILE)
     with open(path, "wb") as f:
         f.write(data)
-    return path, pending, restored.manifest.epoch
+    return path, pending, {"epoch": int(position["epoch"]), "consumed": int(position["consumed"])}
 
 
-def _use_stateful_train_loader(datamodule: pl.LightningDataModule, *, seed: int, epoch: int) -> None:
-    """Make the datamodule's train_dataloader() resumable mid-epoch, without changing the user's class.
+class _PositionedLoader(DataLoader):
+    """The rebuilt training loader. Its position lives in its sampler (set from our checkpoint),
+    so its own state is empty; having one tells Lightning that it resumes mid-epoch."""
 
-    The rebuilt loader keeps the dataset, batch size, collate function and worker settings, and
-    shards with a DistributedSampler seeded by the spec's seed, so Lightning leaves it in place.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: WorkerSession,
+                                   position: dict[str, int], order: TrainOrder) -> None:
+    """Make the datamodule's train_dataloader() follow the global order, without changing the user's class.
+
+    The rebuilt loader keeps the dataset, collate function and worker settings; its batch size is
+    the user's, or with scaling.global_batch_size the largest micro-batch up to it that splits this
+    rank's share, with Trainer.accumulate_grad_batches set to match. A loader with its own batch
+    sampler, or over an iterable dataset, is kept as the user wrote it (and resumes as Lightning does).
     """
     original_cls = type(datamodule)
+    spec = session.spec
 
     def train_dataloader(self):
         loader = original_cls.train_dataloader(self)
-        if not isinstance(loader, DataLoader) or isinstance(loader, StatefulDataLoader):
+        if not isinstance(loader, DataLoader) or isinstance(loader, _PositionedLoader):
             return loader
-        if loader.batch_sampler is not None and loader.batch_size is None:
-            return loader  # a custom batch sampler: keep the user's loader as it is
-        import torch.distributed as dist
-
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        sampler = DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
-                                     shuffle=isinstance(loader.sampler, RandomSampler), seed=seed,
-                                     drop_last=loader.drop_last)
-        sampler.set_epoch(epoch)
-        return StatefulDataLoader(
-            loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        if (loader.batch_sampler is not None and loader.batch_size is None) or isinstance(loader.dataset, IterableDataset):
+            return loader
+        world, rank = session.world_size, session.rank
+        global_batch = spec.scaling.global_batch_size
+        if global_batch:
+            micro, accumulation = split_global_batch(global_batch, world, loader.batch_size)
+            if self.trainer is not None:
+                self.trainer.accumulate_grad_batches = accumulation
+        else:
+            micro, global_batch = loader.batch_size, loader.batch_size * world
+        sampler = GlobalOrderSampler(loader.dataset, world_size=world, rank=rank, global_batch=global_batch,
+                                     micro_batch=micro, shuffle=isinstance(loader.sampler, RandomSampler),
+                                     seed=spec.seed, drop_last=loader.drop_last)
+        sampler.start_at(position["epoch"], position["consumed"])
+        sampler.set_epoch(position["epoch"])
+        order.sampler = sampler
+        return _PositionedLoader(
+            loader.dataset, batch_size=micro, sampler=sampler, num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
             persistent_workers=loader.persistent_workers if loader.num_workers else False,
         )
 

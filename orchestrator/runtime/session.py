@@ -246,7 +246,7 @@ class WorkerSession:
         if self.writer is None:
             return
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
-                            world_size=self.world_size, kind=self.spec.kind, files={},
+                            consumed=progress.consumed, world_size=self.world_size, kind=self.spec.kind, files={},
                             metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded)
         if self.sharded:
             self.writer.save_shard(manifest, token, self.rank, build_files)

@@ -4,12 +4,19 @@ between DTensors and the plain tensors a checkpoint shard holds.
 With `torch.strategy: fsdp` every parameter (and every optimizer state that mirrors one) is a
 DTensor whose local part lives on one rank. A checkpoint therefore has one file per rank holding
 that rank's local parts as plain tensors, so it loads with torch.load(weights_only=True); the
-DTensor layout is rebuilt from the freshly sharded model when resuming. That layout is a function
-of the model and the world size, so a sharded checkpoint resumes on the same number of workers.
+DTensor layout is rebuilt from the freshly sharded model when resuming.
+
+fully_shard splits every parameter along dim 0 as torch.chunk does, so a checkpoint written by N
+ranks resumes on M ranks (`reshard_states`): each new rank computes which old ranks' rows overlap
+its own, reads only those shard files (and rank 0's, for replicated values), one at a time, and
+copies the overlapping rows. The full tensors are equal before and after, optimizer state
+included, and nothing is unpickled.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -79,3 +86,81 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def dim0_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The rows [start, stop) of a `rows`-row tensor that rank `rank` holds when sharded over
+    `world_size` ranks along dim 0 (torch.chunk's split: equal chunks, the last ones short or empty)."""
+    chunk = math.ceil(rows / world_size) if rows else 0
+    start = min(rank * chunk, rows)
+    return start, min(start + chunk, rows)
+
+
+def reshard_states(tracked: dict[str, Any], read_old: Callable[[int], dict[str, Any]], *, old_world: int,
+                   world_size: int, rank: int) -> dict[str, Any]:
+    """This rank's local states of the tracked objects, rebuilt from a checkpoint written by
+    `old_world` ranks (`read_old(i)`: old rank i's saved objects, as `local_state` made them).
+
+    A value is sharded when it mirrors a DTensor of the new model: a model entry whose current
+    value is a DTensor, an optimizer state tensor of a DTensor parameter. Every other value
+    (buffers, step counts, hyperparameters) is replicated and taken from old rank 0.
+    """
+    base = read_old(0)
+    states = {name: base[name] for name in tracked if name in base}
+    # (object name, path of keys to the value, rows of the full tensor)
+    entries: list[tuple[str, tuple, int]] = []
+    for name, obj in tracked.items():
+        if name not in states:
+            continue
+        if isinstance(obj, torch.nn.Module):
+            template = obj.state_dict()
+            entries += [(name, (key,), template[key].shape[0]) for key in states[name]
+                        if isinstance(template.get(key), DTensor)]
+        elif isinstance(obj, torch.optim.Optimizer):
+            params = [p for group in obj.param_groups for p in group["params"]]
+            for index, per_param in states[name].get("state", {}).items():
+                param = params[index]
+                if not isinstance(param, DTensor):
+                    continue
+                entries += [(name, ("state", index, key), param.shape[0]) for key, value in per_param.items()
+                            if isinstance(value, torch.Tensor) and value.dim() > 0
+                            and tuple(value.shape[1:]) == tuple(param.shape[1:])]
+    wanted = {entry: dim0_rows(entry[2], world_size, rank) for entry in entries}
+    # New local tensors, filled from the old ranks whose rows overlap.
+    pieces = {}
+    for entry, (start, stop) in wanted.items():
+        sample = _get(states[entry[0]], entry[1])
+        pieces[entry] = torch.empty((stop - start, *sample.shape[1:]), dtype=sample.dtype)
+    needed = sorted({old for entry, (start, stop) in wanted.items() for old in range(old_world)
+                     if _overlap(dim0_rows(entry[2], old_world, old), (start, stop))})
+    for old in needed:
+        saved = base if old == 0 else read_old(old)
+        for entry, (start, stop) in wanted.items():
+            old_start, old_stop = dim0_rows(entry[2], old_world, old)
+            low, high = max(start, old_start), min(stop, old_stop)
+            if low < high:
+                source = _get(saved[entry[0]], entry[1])
+                pieces[entry][low - start:high - start] = source[low - old_start:high - old_start]
+        del saved
+    for entry, tensor in pieces.items():
+        states[entry[0]] = _set(states[entry[0]], entry[1], tensor)
+    return states
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+def _get(state: Any, path: tuple) -> Any:
+    for key in path:
+        state = state[key]
+    return state
+
+
+def _set(state: Any, path: tuple, value: Any) -> Any:
+    """A copy of `state` with the value at `path` replaced (the containers on the way copied)."""
+    if not path:
+        return value
+    copy = dict(state)
+    copy[path[0]] = _set(state[path[0]], path[1:], value)
+    return copy

@@ -29,13 +29,19 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, TRAINING
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
-from orchestrator.runtime.sampling import ResumableDistributedSampler
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
-from orchestrator.runtime.sharding import full_model_state, load_local_state, local_state, shard_model
+from orchestrator.runtime.sharding import (
+    full_model_state,
+    load_local_state,
+    local_state,
+    reshard_states,
+    shard_model,
+)
 from orchestrator.runtime.train_state import Progress, TrainState
 from orchestrator.spec import import_object
 
@@ -71,12 +77,22 @@ class TrainContext:
         self._train_loader: int | None = None
         self._iterating: list[ResumableLoader] = []
         self._restored: TrainState | None = None
+        self._session_restored = restored
         self._pending_rng: dict[str, Any] | None = None
-        self._last_batch_size = 0
+        self._samples_since_step = 0
         self._snapshot_prepared = False
+        self._prepared: torch.nn.Module | None = None
+        # A sharded checkpoint written by another number of ranks: this rank's state is rebuilt
+        # from the old ranks' files that hold its rows (read as needed, in track()).
+        self._reshard_from: int | None = None
         if restored is not None:
-            fname = shard_file(self.rank) if restored.manifest.sharded else STATE_FILE
-            raw = loads_state(restored.files[fname], source=f"{restored.info.uri}/{fname}")
+            manifest = restored.manifest
+            if manifest.sharded and manifest.world_size != self.world_size:
+                self._reshard_from = manifest.world_size
+                fname = shard_file(0)
+            else:
+                fname = shard_file(self.rank) if manifest.sharded else STATE_FILE
+            raw = loads_state(self._restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
             self._restored = TrainState.from_dict(raw)
             self.progress = self._restored.progress
             self._train_loader = self.progress.train_loader
@@ -100,20 +116,58 @@ class TrainContext:
         fully_shard); build the optimizer from the returned model's parameters.
         """
         if self._session.sharded:
-            return shard_model(model, self.device, **kwargs)
-        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=kwargs or None)
+            self._prepared = shard_model(model, self.device, **kwargs)
+        else:
+            self._prepared = ray.train.torch.prepare_model(model, parallel_strategy_kwargs=kwargs or None)
+        return self._prepared
 
     def data_loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
                     **loader_kwargs: Any) -> ResumableLoader:
-        """A DataLoader over this rank's shard: seeded per epoch, resumable mid-epoch, moved to the device."""
-        sampler = ResumableDistributedSampler(
-            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=self.seed,
-            drop_last=drop_last, batch_size=batch_size,
-        )
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)
-        resumable = ResumableLoader(self, loader, sampler, index=len(self._loaders))
+        """A DataLoader over this rank's share of each global batch: one order per epoch whatever
+        the world size, resumable mid-epoch, moved to the device.
+
+        `batch_size` is the most samples one forward pass takes. With scaling.global_batch_size
+        the training loader yields micro-batches of at most that size, `ctx.accumulation_steps`
+        of them per optimizer step; otherwise its global batch is batch_size x world size.
+        """
+        resumable = ResumableLoader(self, dataset, batch_size, shuffle=shuffle, drop_last=drop_last,
+                                    loader_kwargs=loader_kwargs, index=len(self._loaders))
         self._loaders.append(resumable)
         return resumable
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step on this rank (1 unless scaling.global_batch_size asks
+        for more samples per rank than the training loader's batch_size)."""
+        loader = self._training_loader()
+        return loader.batching(training=True)[2] if loader is not None else 1
+
+    @property
+    def step_due(self) -> bool:
+        """Whether the training micro-batch just yielded completes an optimizer step: take the
+        optimizer step and call ctx.step() only then. Always true without accumulation."""
+        loader = self._training_loader()
+        return loader is None or loader.tracker is None or loader.tracker.step_due
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss.backward() for gradient accumulation: scaled by the micro-batches of this step, and
+        without the gradient all-reduce on every micro-batch but the step's last."""
+        loader = self._training_loader()
+        tracker = loader.tracker if loader is not None else None
+        count = tracker.micro_batches_in_step if tracker is not None else 1
+        if count <= 1:
+            loss.backward()
+            return
+        loss = loss / count
+        model, due = self._prepared, self.step_due
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not due:
+            with model.no_sync():
+                loss.backward()
+        elif hasattr(model, "set_requires_gradient_sync"):  # fully_shard (fsdp)
+            model.set_requires_gradient_sync(due)
+            loss.backward()
+        else:
+            loss.backward()
 
     def track(self, **objects: Any) -> None:
         """Register objects with state_dict()/load_state_dict() (model, optimizer, scheduler, scaler).
@@ -129,7 +183,9 @@ class TrainContext:
                 if saved is None:
                     raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
                                    f"'{name}' (it has {sorted(self._restored.objects)})")
-                if self._session.sharded:
+                if self._reshard_from is not None:
+                    load_local_state(obj, self._resharded(name, obj))
+                elif self._session.sharded:
                     load_local_state(obj, saved)
                 else:
                     _unwrap(obj).load_state_dict(saved)
@@ -145,6 +201,7 @@ class TrainContext:
                 break
             self.progress.epoch = epoch + 1
             self.progress.batch_in_epoch = 0
+            self.progress.consumed = 0
             self._session.progress(self.progress, force=True)
             if self._session.spec.checkpoint.at_epoch_end:
                 self.save(reason="epoch_end")
@@ -156,12 +213,22 @@ class TrainContext:
             self._session.prepare_snapshot(self._tracked_state())
         if self._train_loader is None and self._iterating:
             # The first step names the training loader: the one this step's batches came from.
-            active = self._iterating[-1]
-            self._train_loader = self.progress.train_loader = active.index
-            self.progress.batch_in_epoch = active.position
+            self._name_training_loader(self._iterating[-1])
+        loader = self._training_loader()
+        if loader is not None and loader.tracker is not None and loader in self._iterating:
+            if not loader.tracker.step_due:
+                raise RuntimeError(
+                    f"ctx.step() was called after a micro-batch that does not end an optimizer step: each "
+                    f"step of this run takes {self.accumulation_steps} micro-batches per rank "
+                    "(scaling.global_batch_size split over the workers, at most the loader's batch_size "
+                    "per forward pass). Fix: call ctx.backward(loss) for every micro-batch and "
+                    "optimizer.step() and ctx.step() only when ctx.step_due is true.")
+            self.progress.consumed = loader.tracker.consumed
+            self.progress.batch_in_epoch = loader.position
         self.progress.step += 1
         self.progress.metrics.update(_scalars(metrics))
-        self._session.count_samples(self._last_batch_size)
+        self._session.count_samples(self._samples_since_step)
+        self._samples_since_step = 0
         self._session.stepped(self.progress)
         reason = self._session.save_reason(self.progress.step)
         if reason:
@@ -204,6 +271,39 @@ class TrainContext:
 
     # --- internals -----------------------------------------------------------------------------
 
+    def _restored_file(self, restored: Restored, fname: str) -> bytes:
+        """A file of the checkpoint being resumed: from memory if this rank kept it, else read
+        (and checked against its checksum) now."""
+        if fname in restored.files:
+            return restored.files[fname]
+        return self._session.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
+
+    def _resharded(self, name: str, obj: Any) -> Any:
+        restored = self._session_restored
+
+        def read_old(old_rank: int) -> dict[str, Any]:
+            if old_rank == 0:
+                return self._restored.objects
+            fname = shard_file(old_rank)
+            raw = loads_state(self._restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+            return raw["objects"]
+
+        return reshard_states({name: obj}, read_old, old_world=self._reshard_from, world_size=self.world_size,
+                              rank=self.rank)[name]
+
+    def _training_loader(self) -> ResumableLoader | None:
+        index = self._train_loader if self._train_loader is not None else 0
+        return self._loaders[index] if index < len(self._loaders) else None
+
+    def _name_training_loader(self, loader: ResumableLoader) -> None:
+        if loader.index != 0 and loader.batching(training=True) != loader.batching(training=False):
+            raise RuntimeError(
+                f"the training loader is ctx.data_loader number {loader.index + 1}, but the loop "
+                "iterated the first loader before it as if it were the training loader, and with "
+                "scaling.global_batch_size the two batch differently. Fix: create the training "
+                "loader first (before any validation loader).")
+        self._train_loader = self.progress.train_loader = loader.index
+
     def _restore_pending_rng(self) -> None:
         if self._pending_rng is not None:
             restore_rng(self._pending_rng)
@@ -233,21 +333,52 @@ class TrainContext:
 
 
 class ResumableLoader:
-    """Iterates this rank's batches of the current epoch.
+    """Iterates this rank's batches of the current epoch, in the epoch's global order.
 
     Each loader keeps its own position. The training loader (the one being iterated when the
     loop first calls ctx.step(); its index is saved in every checkpoint) is the only one whose
-    position is the run's (`progress.batch_in_epoch`): it resumes there. Any other loader, e.g.
-    a validation loader, runs its whole pass every time it is iterated and moves nothing.
+    position is the run's (`progress.consumed`): it resumes there, at any world size. Any other
+    loader, e.g. a validation loader, covers its whole dataset once per pass (each sample on
+    exactly one rank) and moves nothing.
     """
 
-    def __init__(self, ctx: TrainContext, loader: DataLoader, sampler: ResumableDistributedSampler, index: int):
-        self._ctx, self.loader, self.sampler, self.index = ctx, loader, sampler, index
-        # Batches of the current pass already yielded.
+    def __init__(self, ctx: TrainContext, dataset: Dataset, batch_size: int, *, shuffle: bool, drop_last: bool,
+                 loader_kwargs: dict[str, Any], index: int):
+        self._ctx, self.dataset, self.index = ctx, dataset, index
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self._loader_kwargs = loader_kwargs
+        self._built: dict[tuple[int, int, bool], tuple[DataLoader, GlobalOrderSampler]] = {}
+        # Micro-batches of the current epoch already yielded (counting those before a resume).
         self.position = 0
+        # The training pass's step bookkeeping (None before the first training pass).
+        self.tracker: StepTracker | None = None
+
+    def batching(self, *, training: bool) -> tuple[int, int, int]:
+        """(global batch, micro-batch, accumulation steps) of this loader at this world size."""
+        world = self._ctx.world_size
+        global_batch = self._ctx._session.spec.scaling.global_batch_size
+        if training and global_batch:
+            micro, accumulation = split_global_batch(global_batch, world, self.batch_size)
+            return global_batch, micro, accumulation
+        return self.batch_size * world, self.batch_size, 1
+
+    def _build(self, training: bool) -> tuple[DataLoader, GlobalOrderSampler]:
+        global_batch, micro, _ = self.batching(training=training)
+        key = (global_batch, micro, training)
+        if key not in self._built:
+            ctx = self._ctx
+            sampler = GlobalOrderSampler(self.dataset, world_size=ctx.world_size, rank=ctx.rank,
+                                         global_batch=global_batch, micro_batch=micro, shuffle=self.shuffle,
+                                         seed=ctx.seed, drop_last=self.drop_last, training=training)
+            loader = DataLoader(self.dataset, batch_size=micro, sampler=sampler, **self._loader_kwargs)
+            self._built[key] = (loader, sampler)
+        return self._built[key]
 
     def __len__(self) -> int:
-        return len(self.loader)
+        """Micro-batches of a whole epoch on this rank."""
+        loader, sampler = self._build(self._is_training())
+        sampler.set_epoch(self._ctx.progress.epoch)
+        return len(loader)
 
     def _is_training(self) -> bool:
         known = self._ctx._train_loader
@@ -256,16 +387,18 @@ class ResumableLoader:
     def __iter__(self):
         ctx = self._ctx
         training = self._is_training()
-        start = ctx.progress.batch_in_epoch if training else 0
-        self.position = start
-        self.sampler.set_epoch(ctx.progress.epoch)
-        self.sampler.start_batch = start
+        loader, sampler = self._build(training)
+        sampler.set_epoch(ctx.progress.epoch)
+        sampler.start_at(ctx.progress.epoch, ctx.progress.consumed if training else 0)
+        tracker = self.tracker = StepTracker(sampler)
+        start = sampler.start
+        self.position = sampler.micro_batches_before()
         # Building a DataLoader iterator draws from the global RNG. The uninterrupted run built
         # it at the epoch's start: so restore before building at an epoch boundary, after it
         # mid-epoch (the saved state already includes that draw).
         if training and start == 0:
             ctx._restore_pending_rng()
-        iterator = iter(self.loader)
+        iterator = iter(loader)
         if training:
             ctx._restore_pending_rng()
         heartbeat = ctx._session.heartbeat
@@ -278,9 +411,10 @@ class ResumableLoader:
                 if training and heartbeat.phase == EPOCH_END:
                     heartbeat.enter(TRAINING)
                 self.position += 1
+                tracker.advance()
                 if training:
                     ctx.progress.batch_in_epoch = self.position
-                    ctx._last_batch_size = batch_len(batch)
+                    ctx._samples_since_step += batch_len(batch)
                 yield to_device(batch, ctx.device)
         finally:
             ctx._iterating.remove(self)

@@ -1,9 +1,10 @@
 """TrainState: everything that makes a resume exact, saved together and restored together.
 
 A checkpoint of the plain-torch path is one TrainState:
-- `progress`: epoch, global step, the position inside the epoch (batches already trained on),
-  and the last metrics. The data position needs nothing more: the sampler's order is a function
-  of (seed, epoch, rank, world size), so (epoch, batch_in_epoch) says exactly which sample is next;
+- `progress`: epoch, global step, the position inside the epoch, and the last metrics. The data
+  position is one number, `consumed`: the samples of the epoch already trained on. The epoch's
+  order is a function of (seed, epoch) alone (orchestrator/data/order.py), so (epoch, consumed)
+  says exactly which sample is next, at any world size;
 - `objects`: the state_dict() of every tracked object (model, optimizer, LR scheduler, grad
   scaler, ...);
 - `ranks`: each rank's RNG states (python, numpy, torch, cuda), in rank order.
@@ -27,21 +28,24 @@ class Progress:
     epoch: int = 0
     # Optimizer steps taken since the run began.
     step: int = 0
-    # Batches of `epoch` already trained on (0 at an epoch boundary).
+    # Micro-batches of `epoch` this rank has trained on, at the world size that wrote it (0 at an
+    # epoch boundary); for display. The position that resume uses is `consumed`.
     batch_in_epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     # Plain-torch path: which of the loop's ctx.data_loader()s (in creation order) is the
     # training loader, whose position batch_in_epoch is.
     train_loader: int = 0
+    # Samples of `epoch` trained on by all ranks together: the epoch's global position.
+    consumed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "metrics": dict(self.metrics), "train_loader": self.train_loader}
+                "metrics": dict(self.metrics), "train_loader": self.train_loader, "consumed": self.consumed}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Progress:
         return cls(epoch=raw["epoch"], step=raw["step"], batch_in_epoch=raw["batch_in_epoch"],
-                   metrics=dict(raw.get("metrics", {})), train_loader=int(raw.get("train_loader", 0)))
+                   metrics=dict(raw.get("metrics", {})), train_loader=int(raw.get("train_loader", 0)), consumed=int(raw.get("consumed", 0)))
 
 
 @dataclass

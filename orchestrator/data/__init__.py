@@ -1,0 +1,1 @@
+"""Training data: one global, world-size-independent order of samples per epoch."""

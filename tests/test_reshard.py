@@ -1,0 +1,104 @@
+"""A sharded (fully_shard) checkpoint written by N ranks resumes on M ranks with the full tensors
+unchanged, optimizer state included, loaded with weights_only=True. Real processes, real gloo."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import free_port
+
+from orchestrator.runtime.sharding import dim0_rows, load_local_state, local_state, reshard_states, shard_model
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    # Rows that 2 and 3 do not split evenly, and a bias with fewer rows than ranks.
+    return torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+
+
+def _full_states(model, optimizer) -> dict[str, dict]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def _worker(rank: int, world: int, port: int, folder: str, mode: str, old_world: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = shard_model(_model(), torch.device("cpu"))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        if mode == "write":
+            torch.manual_seed(1)
+            for _ in range(2):  # the optimizer state exists after a step
+                model(torch.randn(4, 7)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            saved = local_state({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            torch.save(saved, os.path.join(folder, f"shard-{rank}.pt"))
+            full = _full_states(model, optimizer)
+            if rank == 0:
+                torch.save(full, os.path.join(folder, "full-before.pt"))
+        else:
+            def read_old(old_rank: int) -> dict:
+                return torch.load(os.path.join(folder, f"shard-{old_rank}.pt"), weights_only=True)
+
+            tracked = {"model": model, "optimizer": optimizer}
+            states = reshard_states(tracked, read_old, old_world=old_world, world_size=world, rank=rank)
+            load_local_state(model, states["model"])
+            load_local_state(optimizer, states["optimizer"])
+            full = _full_states(model, optimizer)
+            if rank == 0:
+                torch.save(full, os.path.join(folder, f"full-after-{world}.pt"))
+        dist.barrier()  # no rank tears the group down while another still gathers
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, folder: str, mode: str, old_world: int = 0) -> None:
+    mp.start_processes(_worker, args=(world, free_port(), folder, mode, old_world), nprocs=world,
+                       start_method="spawn", join=True)
+
+
+def _assert_equal(before, after, path="") -> None:
+    if isinstance(before, torch.Tensor):
+        assert isinstance(after, torch.Tensor) and torch.equal(before, after), f"{path} differs"
+    elif isinstance(before, dict):
+        assert set(before) == set(after), f"{path}: keys {sorted(before)} vs {sorted(after)}"
+        for key in before:
+            _assert_equal(before[key], after[key], f"{path}/{key}")
+    elif isinstance(before, (list, tuple)):
+        assert len(before) == len(after)
+        for i, (b, a) in enumerate(zip(before, after)):
+            _assert_equal(b, a, f"{path}[{i}]")
+    else:
+        assert before == after, f"{path}: {before!r} vs {after!r}"
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_sharded_over_two_ranks_resumes_on_three_and_on_one_with_equal_full_tensors(tmp_path):
+    folder = str(tmp_path)
+    _spawn(2, folder, "write")
+    before = torch.load(os.path.join(folder, "full-before.pt"), weights_only=True)
+    assert before["optimizer"]["state"], "the optimizer state to reshard exists"
+    for world in (3, 1):
+        _spawn(world, folder, "read", old_world=2)
+        after = torch.load(os.path.join(folder, f"full-after-{world}.pt"), weights_only=True)
+        _assert_equal(before, after, f"at {world} ranks")
+
+
+def test_dim0_rows_split_as_torch_chunk_does():
+    for rows in (0, 1, 2, 5, 7, 12):
+        for world in (1, 2, 3, 4):
+            tensor = torch.arange(rows)
+            chunks = list(torch.chunk(tensor, world)) if rows else []
+            for rank in range(world):
+                start, stop = dim0_rows(rows, world, rank)
+                expected = chunks[rank].tolist() if rank < len(chunks) else []
+                assert tensor[start:stop].tolist() == expected, (rows, world, rank)
