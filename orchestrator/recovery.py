@@ -8,7 +8,7 @@ a worker group that cannot be placed is retried every minute forever, and a rest
 |---|---|---|---|
 | RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S | 600 | failure.hang_timeout_s | a frozen worker is a hang |
 | RAY_TRAIN_HEALTH_CHECK_INTERVAL_S | 2 | 1 | notice a dead worker within a second |
-| RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S | 60 | failure.capacity_timeout_s (fixed size); 10 (elastic) | one wait, then a clear error; elastic: try the next size soon |
+| RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S | 60 | failure.capacity_timeout_s; elastic: 10 | one wait, then a clear error |
 | TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S | 30 | 2 | a frozen or dead rank never answers the shutdown |
 | TorchConfig(timeout_s) | 1800 | max(600, 10 x hang_timeout_s) | a backstop; the watchdog knows phases |
 

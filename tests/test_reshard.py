@@ -75,7 +75,7 @@ def _assert_equal(before, after, path="") -> None:
             _assert_equal(before[key], after[key], f"{path}/{key}")
     elif isinstance(before, (list, tuple)):
         assert len(before) == len(after)
-        for i, (b, a) in enumerate(zip(before, after)):
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
             _assert_equal(b, a, f"{path}[{i}]")
     else:
         assert before == after, f"{path}: {before!r} vs {after!r}"

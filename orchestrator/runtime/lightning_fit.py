@@ -279,7 +279,8 @@ def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: 
         loader = original_cls.train_dataloader(self)
         if not isinstance(loader, DataLoader) or isinstance(loader, _PositionedLoader):
             return loader
-        if (loader.batch_sampler is not None and loader.batch_size is None) or isinstance(loader.dataset, IterableDataset):
+        custom_batches = loader.batch_sampler is not None and loader.batch_size is None
+        if custom_batches or isinstance(loader.dataset, IterableDataset):
             return loader
         world, rank = session.world_size, session.rank
         global_batch = spec.scaling.global_batch_size

@@ -40,12 +40,14 @@ class Progress:
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "metrics": dict(self.metrics), "train_loader": self.train_loader, "consumed": self.consumed}
+                "metrics": dict(self.metrics), "train_loader": self.train_loader,
+                "consumed": self.consumed}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Progress:
         return cls(epoch=raw["epoch"], step=raw["step"], batch_in_epoch=raw["batch_in_epoch"],
-                   metrics=dict(raw.get("metrics", {})), train_loader=int(raw.get("train_loader", 0)), consumed=int(raw.get("consumed", 0)))
+                   metrics=dict(raw.get("metrics", {})), train_loader=int(raw.get("train_loader", 0)),
+                   consumed=int(raw.get("consumed", 0)))
 
 
 @dataclass
