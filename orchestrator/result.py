@@ -83,7 +83,7 @@ class RunResult:
             wall_seconds=round(wall_seconds, 3),
             resumed_from=choice.to_dict(),
             workers=[{k: e[k] for k in ("rank", "node_id", "hostname", "pid")} for e in last_group],
-            world_sizes_seen=list(dict.fromkeys(g[0]["world_size"] for g in groups)),
+            world_sizes_seen=_changes([g[0]["world_size"] for g in groups]),
             restarts=max(0, len(groups) - 1),
             starts=[{"world_size": g[0]["world_size"], "restored_step": g[0]["restored_step"],
                      "restored_from": g[0]["restored_from"]} for g in groups],
@@ -123,6 +123,11 @@ class RunResult:
             + (f"  {goodput_line(self.goodput)}\n" if self.goodput else "")
             + f"  summary: {self.summary_path}"
         )
+
+
+def _changes(values: list[int]) -> list[int]:
+    """The values in order, each repeat of the one before left out: [3, 3, 2, 3] -> [3, 2, 3]."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
 
 
 def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None) -> str:

@@ -83,6 +83,7 @@ class RunWatcher:
         self._seen = 0
         self._thread = threading.Thread(target=self._loop, name="run-watcher", daemon=True)
         self._starts = 0
+        self._size = 0
         max_epochs = job.lightning.trainer.get("max_epochs") if job.lightning else job.torch.max_epochs
         self._epochs = f"/{max_epochs}" if max_epochs else ""
         # Capacity: whether a worker group is up, and the waits for placement measured.
@@ -164,8 +165,12 @@ class RunWatcher:
             self._group_up(event["time"])
             self._starts += 1
             where = f"resuming from step {event['restored_step']}" if event["restored_from"] else "starting fresh"
+            size, before = event["world_size"], self._size
+            self._size = size
+            if before and size != before:
+                return f"resized: {before} -> {size} workers, {where}{_batch_note(self.job, size)}"
             prefix = "restarted: " if self._starts > 1 else ""
-            return f"{prefix}{event['world_size']} workers up, {where}"
+            return f"{prefix}{size} workers up, {where}"
         if kind == "progress":
             metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event["metrics"].items()))
             # Mid-epoch events carry the epoch in progress (0-based); boundary events the epochs done.
@@ -192,6 +197,13 @@ class RunWatcher:
             return (f"warning: checkpoint {event['wanted']} could not be read ({event['cause']}); "
                     f"the group resumes from {event['uri']}")
         return None
+
+
+def _batch_note(job: JobSpec, size: int) -> str:
+    global_batch = job.scaling.global_batch_size
+    if not global_batch:
+        return " (the global batch follows the world size: set scaling.global_batch_size to hold it)"
+    return f" (global batch {global_batch}: {global_batch // size} per worker)"
 
 
 def _record_line(record: dict[str, Any]) -> str:

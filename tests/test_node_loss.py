@@ -7,26 +7,19 @@ by its own process ids, its raylet and everything the raylet started, as when a 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import ray
 from conftest import wait_for
-from node_faults import kill_node, training_worker_pids
+from node_faults import FAST_HEALTH_CHECKS, BackgroundRun, kill_node, training_worker_pids
 from ray.cluster_utils import Cluster
 from specs import torch_spec
 
-import orchestrator
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.slow
-
-# Notice a dead node within a few seconds instead of Ray's default of about a minute.
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_timeout_ms": 1000}
-
 
 @pytest.fixture
 def three_node_cluster():
@@ -39,32 +32,6 @@ def three_node_cluster():
     if ray.is_initialized():
         ray.shutdown()
     cluster.shutdown()
-
-
-class BackgroundRun:
-    """orchestrator.run on the cluster, in a thread: Cluster.remove_node must be called from the
-    main thread, which therefore plays the failing world."""
-
-    def __init__(self, spec: dict, cluster: Cluster):
-        self._outcome: dict = {}
-        self._thread = threading.Thread(target=self._train, args=(spec, cluster.address), daemon=True)
-        self._thread.start()
-
-    def _train(self, spec: dict, address: str) -> None:
-        try:
-            self._outcome["result"] = orchestrator.run(spec, address=address, console=None)
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            self._outcome["error"] = exc
-
-    def ended(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self, timeout: float = 400) -> orchestrator.RunResult:
-        self._thread.join(timeout=timeout)
-        assert not self._thread.is_alive(), "the run did not end"
-        if "error" in self._outcome:
-            raise self._outcome["error"]
-        return self._outcome["result"]
 
 
 @pytest.mark.timeout(600)

@@ -119,6 +119,8 @@ class WorkerSession:
                 f"the worker group could not resume from checkpoint {decision['uri']}: {errors[0]}. "
                 "Ray Train starts the group again (counted against failure.max_failures).")
         self.group = decision["group"]
+        # Which start of the run's worker group this is, for the user's code (logs, records).
+        os.environ["ORCHESTRATOR_ATTEMPT"] = str(self.group)
         self.heartbeat = Heartbeat(self.monitor, self.group, self.rank, node_id=self.node_id,
                                    flush_logs=_flush_logs).start()
         if restored is not None:

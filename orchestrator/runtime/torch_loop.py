@@ -108,6 +108,11 @@ class TrainContext:
     def global_step(self) -> int:
         return self.progress.step
 
+    @property
+    def attempt(self) -> int:
+        """Which start of the run's worker group this is: one more after every restart or resize."""
+        return self._session.group
+
     def prepare_model(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Move the model to this worker's device and make it data-parallel, as torch.strategy says.
 

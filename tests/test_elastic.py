@@ -1,0 +1,142 @@
+"""Elastic world size on a real 3-node loopback cluster: a node killed in the middle of an epoch,
+the run going on with fewer workers, a node added back and the run growing again, with every
+sample of every epoch trained exactly once, on both paths. And one global batch at 1, 2 and 3
+fixed workers giving the same weights.
+
+One cluster serves the whole module: the fixed-size runs first, then the runs that kill a node
+and add one back (which leave the cluster at three workers' worth of nodes again).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+import torch
+from conftest import wait_for
+from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
+from node_faults import FAST_HEALTH_CHECKS, BackgroundRun, kill_node, training_worker_pids
+from ray.cluster_utils import Cluster
+
+import orchestrator
+from orchestrator.checkpoint import CheckpointStore, loads_state
+
+pytestmark = pytest.mark.slow
+
+SAMPLES = 240
+# Split by 1, 2 and 3 workers. With batch_size 2: 3 workers take 2 each in one pass; 2 workers
+# take 3 each as 3 micro-batches of 1; 1 worker takes 6 as 3 micro-batches of 2.
+GLOBAL_BATCH = 6
+STEPS_PER_EPOCH = SAMPLES // GLOBAL_BATCH
+# ORCHESTRATOR_TEST_VERBOSE=1 prints the driver's lines of the elastic runs.
+CONSOLE = print if os.environ.get("ORCHESTRATOR_TEST_VERBOSE") else None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head without CPUs (the driver's side) and three 1-CPU nodes."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS})
+    for _ in range(3):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def torch_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
+    return {
+        "name": name, "storage": str(tmp_path / "runs"), "seed": 0,
+        "torch": {"train_loop": "elastic_jobs:train_loop", "max_epochs": epochs,
+                  "config": {"samples": SAMPLES, "batch_size": 2, "records": str(records), "pace_s": pace_s}},
+        "scaling": {"num_workers": workers, "global_batch_size": GLOBAL_BATCH, "resize_interval_s": 3},
+        "checkpoint": {"every_n_steps": 4, "keep_last": 2},
+        "failure": {"max_failures": 3},
+    }
+
+
+def lightning_job(name, tmp_path, records, *, workers, pace_s=0.0):
+    return {
+        "name": name, "storage": str(tmp_path / "runs"), "seed": 0,
+        "lightning": {
+            "model": {"class_path": "elastic_jobs.IdsModule", "init_args": {"records": str(records), "pace_s": pace_s}},
+            "data": {"class_path": "elastic_jobs.IdsData", "init_args": {"samples": SAMPLES, "batch_size": 2}},
+            "trainer": {"max_epochs": 2},
+        },
+        "scaling": {"num_workers": workers, "global_batch_size": GLOBAL_BATCH, "resize_interval_s": 3},
+        "checkpoint": {"every_n_steps": 4, "keep_last": 2},
+        "failure": {"max_failures": 3},
+    }
+
+
+def _final_model(result) -> dict[str, torch.Tensor]:
+    info = CheckpointStore.for_run(result.run_dir).latest_loadable().info
+    _, files = CheckpointStore.for_run(result.run_dir).open_uri(info.uri)
+    return loads_state(files["state.pt"], source=info.uri)["objects"]["model"]
+
+
+@pytest.mark.timeout(600)
+def test_one_global_batch_at_one_two_and_three_workers_trains_the_same_weights(cluster, tmp_path):
+    models = {}
+    for workers in (1, 2, 3):
+        records = tmp_path / f"records-{workers}"
+        records.mkdir()
+        result = orchestrator.run(torch_job(f"fixed-{workers}", tmp_path, records, workers=workers, epochs=1),
+                                  address=cluster.address, console=None)
+        assert result.status == "finished" and result.world_sizes_seen == [workers]
+        # The same number of optimizer steps at every size: the LR schedule follows the global step.
+        assert result.global_step == STEPS_PER_EPOCH
+        assert sorted(committed_ids(str(records))[0]) == list(range(SAMPLES))
+        models[workers] = _final_model(result)
+    for workers in (2, 3):
+        for key, tensor in models[1].items():
+            assert torch.allclose(tensor, models[workers][key], rtol=1e-4, atol=1e-6), (workers, key)
+
+
+def _kill_and_regrow(cluster, run: BackgroundRun, records) -> None:
+    """Once three workers trained some steps, kill a node that holds one; once two workers trained
+    some steps, add a node back."""
+    wait_for(lambda: max_step(str(records), world=3) >= 10 or run.ended(), timeout=180)
+    assert not run.ended(), "the run ended before the node could be killed"
+    victim = next(node for node in cluster.worker_nodes if training_worker_pids(node))
+    kill_node(cluster, victim)
+    wait_for(lambda: max_step(str(records), world=2) >= 3 * 10 // 2 or run.ended(), timeout=180)
+    assert not run.ended(), "the run ended before it could grow again"
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+
+
+def _assert_exactly_once(result, records) -> None:
+    assert result.status == "finished", result.error
+    # Sizes as the run went: three, two after the kill, three again after the growth.
+    assert result.world_sizes_seen[:1] == [3] and 2 in result.world_sizes_seen
+    assert result.world_sizes_seen[-1] == 3, result.starts
+    assert sorted(set(world_sizes_by_attempt(str(records)).values())) == [2, 3]
+    assert result.global_step == 2 * STEPS_PER_EPOCH
+    epochs = committed_ids(str(records))
+    assert sorted(epochs) == [0, 1]
+    for epoch, ids in epochs.items():
+        assert len(ids) == SAMPLES and sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}"
+    # The resize restarts are recorded with their size and step.
+    assert [s["world_size"] for s in result.starts][:1] == [3] and len(result.starts) >= 3
+
+
+@pytest.mark.timeout(600)
+def test_a_torch_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    run = BackgroundRun(torch_job("elastic-torch", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster, CONSOLE)
+    _kill_and_regrow(cluster, run, records)
+    _assert_exactly_once(run.result(timeout=400), records)
+
+
+@pytest.mark.timeout(600)
+def test_a_lightning_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    run = BackgroundRun(lightning_job("elastic-lightning", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster, CONSOLE)
+    _kill_and_regrow(cluster, run, records)
+    _assert_exactly_once(run.result(timeout=400), records)
+    assert os.listdir(records)
