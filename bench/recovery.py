@@ -8,6 +8,9 @@ has a checkpoint it can resume from, the failure comes (`--fault`):
 
   node     (default) the node of the rank-0 worker dies (its raylet and its training workers
            SIGKILLed, as when a machine goes away) and a replacement 1-CPU node joins at once.
+  elastic  both sides run elastic, workers (1, 3) on the three nodes; the node of the rank-0
+           worker dies and no replacement comes: recovery is the first step at 2 workers. Then a
+           node is added, and growth = add_node -> the first step at 3 workers.
   sigstop  the rank-1 training worker process is SIGSTOPped (a frozen process: it neither dies
            nor answers, the way a hung machine or a stuck driver call looks). No node is lost;
            the third node is free. The stopped process is SIGKILLed by its pid at the end of
@@ -19,7 +22,7 @@ Recovery = time of the first step line written by the restarted group (a new ran
 Sides, alternating (and taking turns at going first) for `--rounds` rounds:
   orchestrator  orchestrator.run(spec, address=cluster.address): a torch-path spec, checkpoint.every_n_steps 10,
                 failure.hang_timeout_s = --hang-timeout (default 60, the product's default)
-  raw           ray.train.torch.TorchTrainer with ScalingConfig(num_workers=2) and
+  raw           ray.train.torch.TorchTrainer with ScalingConfig(num_workers=2) (elastic: (1, 3)) and
                 RunConfig(storage_path, FailureConfig(max_failures=3)): no RAY_TRAIN_* variables
                 (any in this shell are removed for both sides), Ray's own timeouts
 The summary is the median recovery of each side and their ratio orchestrator ÷ raw (goal <= 0.2).
@@ -76,7 +79,7 @@ from node_faults import kill_node as _kill_node  # noqa: E402
 from node_faults import training_worker_pids as _training_worker_pids  # noqa: E402
 
 SIDES = ("orchestrator", "raw")
-FAULTS = ("node", "sigstop")
+FAULTS = ("node", "sigstop", "elastic")
 # tests/test_node_loss.py's settings; Ray's defaults are a 3 s period, 10 s timeout, 5 misses.
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_timeout_ms": 1000}
@@ -223,14 +226,14 @@ class Driver:
 
 
 def run_orchestrator(address: str, storage: str, name: str, cfg: dict, steps: int, *, every: int = CHECKPOINT_EVERY,
-                     hang_timeout_s: float = 60.0, max_failures: int = 3) -> dict:
+                     hang_timeout_s: float = 60.0, max_failures: int = 3, workers=2) -> dict:
     """The orchestrator side: a torch-path spec running bench.recovery_job:orchestrator_loop."""
     import orchestrator
 
     spec = {
         "name": name, "storage": storage, "resume_from": "none",
         "torch": {"train_loop": "bench.recovery_job:orchestrator_loop", "max_steps": steps, "config": cfg},
-        "scaling": {"num_workers": 2},
+        "scaling": {"num_workers": workers},
         "checkpoint": {"every_n_steps": every},
         "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
     }
@@ -244,7 +247,7 @@ def run_orchestrator(address: str, storage: str, name: str, cfg: dict, steps: in
                          for f in result.failures]}
 
 
-def run_raw(address: str, storage: str, name: str, cfg: dict, steps: int) -> dict:
+def run_raw(address: str, storage: str, name: str, cfg: dict, steps: int, workers=2) -> dict:
     """The raw Ray Train V2 side, with Ray's defaults."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -258,7 +261,7 @@ def run_raw(address: str, storage: str, name: str, cfg: dict, steps: int) -> dic
     try:
         trainer = TorchTrainer(
             raw_loop, train_loop_config={**cfg, "steps": steps, "every": CHECKPOINT_EVERY},
-            scaling_config=ScalingConfig(num_workers=2),
+            scaling_config=ScalingConfig(num_workers=workers),
             run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=3)),
         )
         result = trainer.fit()
@@ -325,6 +328,9 @@ def measure(args) -> dict:
     storage = os.path.join(work, "storage")
     log = os.path.join(work, "steps.jsonl")
     cfg = {"log": log, "steps": args.steps, "batch_size": 32, "sleep_s": args.sleep_s}
+    elastic = args.fault == "elastic"
+    if elastic:
+        cfg["data_world_size"] = 3
     out: dict = {"side": side, "fault": args.fault}
     cluster = driver = None
     killed_at = stopped_pid = None
@@ -335,9 +341,11 @@ def measure(args) -> dict:
         _say(f"{side}: cluster up in {out['cluster_start_s']} s; starting the run")
         if side == "orchestrator":
             driver = Driver(run_orchestrator, cluster.address, storage, name, cfg, args.steps,
-                            hang_timeout_s=args.hang_timeout, name="orchestrator-driver")
+                            hang_timeout_s=args.hang_timeout, workers=[1, 3] if elastic else 2,
+                            name="orchestrator-driver")
         else:
-            driver = Driver(run_raw, cluster.address, storage, name, cfg, args.steps, name="raw-driver")
+            driver = Driver(run_raw, cluster.address, storage, name, cfg, args.steps,
+                            workers=(1, 3) if elastic else 2, name="raw-driver")
 
         def ready_to_kill():
             steps = [line for line in _read_log(log) if line["event"] == "step"]
@@ -352,15 +360,16 @@ def measure(args) -> dict:
 
         last = _wait_for("a checkpoint and step >= --kill-after", ready_to_kill, args.timeout)
         old_pid = last["pid"]
-        if args.fault == "node":
+        if args.fault in ("node", "elastic"):
             doomed = next((n for n in cluster.worker_nodes if old_pid in _training_worker_pids(n)), None)
             if doomed is None:
                 raise RuntimeError(f"no worker node hosts rank 0 (pid {old_pid})")
             killed_at = time.time()
             _kill_node(cluster, doomed)
             out["kill_took_s"] = round(time.time() - killed_at, 3)
-            cluster.add_node(num_cpus=1)  # the replacement joins right away
-            out["replacement_joined_s"] = round(time.time() - killed_at, 2)
+            if not elastic:
+                cluster.add_node(num_cpus=1)  # the replacement joins right away
+                out["replacement_joined_s"] = round(time.time() - killed_at, 2)
             what = "killed rank 0's node"
         else:
             victim = _rank1_pid(cluster, old_pid)
@@ -402,9 +411,10 @@ def measure(args) -> dict:
             if stopped_pid is not None:
                 # Did the restart end the frozen process (Ray kills the old group's actors)?
                 out["stopped_pid_state_at_recovery"] = _process_state(stopped_pid) or "gone"
-            _say(f"{side}: first step after the failure {out['recovery_s']} s later (step {first['step']}); "
-                 "waiting for the run to end")
-            if driver.join(args.timeout):
+            _say(f"{side}: first step after the failure {out['recovery_s']} s later (step {first['step']})")
+            if elastic:
+                _measure_growth(cluster, log, driver, out, args.timeout)
+            elif driver.join(args.timeout):
                 out.update(driver.outcome)
             else:
                 out["status"] = f"still running after {args.timeout:.0f} s"
@@ -427,6 +437,23 @@ def measure(args) -> dict:
         if session is not None and killed_at is not None:
             out["ray_controller"] = _controller_timeline(session, killed_at)
     return out
+
+
+def _measure_growth(cluster, log: str, driver, out: dict, timeout: float) -> None:
+    """Elastic: add a node back and time the first step at 3 workers. The run is not waited for."""
+    added_at = time.time()
+    cluster.add_node(num_cpus=1)
+
+    def first_grown_step():
+        found = next((line for line in _read_log(log) if line["event"] == "step" and line["world_size"] == 3
+                      and line["time"] > added_at), None)
+        if found is None and driver.ended():
+            raise RuntimeError(f"the run ended before it grew: {driver.outcome}")
+        return found
+
+    grown = _wait_for("the first step at 3 workers after add_node", first_grown_step, timeout)
+    out.update(growth_s=round(grown["time"] - added_at, 2), status="grew back to 3 (run not waited for)")
+    _say(f"grew back: first step at 3 workers {out['growth_s']} s after add_node")
 
 
 # --- the benchmark (parent process) -------------------------------------------------------------
@@ -512,7 +539,8 @@ def _describe(r: dict) -> str:
     phases = f"Ray Train controller: {phases} s; " if phases else ""
     return (f"recovery {r['recovery_s']:.2f} s ({phases}loop ready {r['group_ready_s']:.2f} s), failed after step "
             f"{r['killed_after_step']}, resumed from step {r['resumed_from_step']} with {r['world_size']} workers; "
-            f"run {r.get('status', '?')}{extra}" + (f"; driver: {r['error']}" if r.get("error") else ""))
+            + (f"growth {r['growth_s']:.2f} s (add_node -> first step at 3 workers); " if "growth_s" in r else "")
+            + f"run {r.get('status', '?')}{extra}" + (f"; driver: {r['error']}" if r.get("error") else ""))
 
 
 def main() -> None:
@@ -547,11 +575,12 @@ def main() -> None:
         sys.path.insert(0, REPO)
         finish_child(measure(args))
 
-    side = args.side or ("both" if args.fault == "node" else "orchestrator")
+    side = args.side or ("orchestrator" if args.fault == "sigstop" else "both")
     sides = SIDES if side == "both" else (side,)
     dropped = sorted(k for k in os.environ if k.startswith("RAY_TRAIN_"))
-    fault = ("kill rank 0's node (raylet + its workers SIGKILLed), a replacement node joins at once"
-             if args.fault == "node" else "SIGSTOP the rank-1 worker process (SIGKILLed by pid after the measurement)")
+    fault = {"node": "kill rank 0's node (raylet + its workers SIGKILLed), a replacement node joins at once",
+             "elastic": "workers (1, 3): kill rank 0's node, no replacement; then add a node back",
+             "sigstop": "SIGSTOP the rank-1 worker process (SIGKILLed by pid after the measurement)"}[args.fault]
     print(f"cluster: head num_cpus=0 + 3 x 1-CPU nodes on 127.0.0.1; health checks: "
           f"{'fast ' + json.dumps(FAST_HEALTH_CHECKS) if args.fast_health_checks else 'Ray defaults'}; "
           f"2 workers, {args.steps} steps of ~{args.sleep_s} s, checkpoint every {CHECKPOINT_EVERY}; "
@@ -577,7 +606,7 @@ def main() -> None:
     if keep:
         print(f"kept in {keep}")
 
-    what = "kill" if args.fault == "node" else "SIGSTOP"
+    what = "SIGSTOP" if args.fault == "sigstop" else "kill"
     medians, lower_bounds = {}, {}
     for s in sides:
         ok = [r["recovery_s"] for r in results[s] if "recovery_s" in r]
@@ -593,6 +622,11 @@ def main() -> None:
                   + (f"; recovered in {ok} s in the others" if ok else ""))
         else:
             print(f"{s:<12} no successful measurement")
+    growth = {s: statistics.median(g) for s in sides if (g := [r["growth_s"] for r in results[s] if "growth_s" in r])}
+    for s, seconds in growth.items():
+        print(f"{s:<12} median growth {seconds:.2f} s (add_node -> first optimizer step at 3 workers)")
+    if len(growth) == 2:
+        print(f"growth ratio orchestrator / raw: {growth['orchestrator'] / growth['raw']:.3f}")
     if len(medians) == 2:
         print(f"ratio orchestrator / raw: {medians['orchestrator'] / medians['raw']:.3f} (goal <= 0.2)")
     elif "orchestrator" in medians and "raw" in lower_bounds:

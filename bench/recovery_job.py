@@ -36,7 +36,8 @@ def build_model() -> nn.Module:
 def build_dataset(cfg: dict, world_size: int) -> TensorDataset:
     # Exactly one epoch of `steps` batches per rank: the run ends inside the first epoch, so a
     # resume is always mid-epoch and neither side's epoch bookkeeping comes into it.
-    n = cfg["batch_size"] * world_size * cfg["steps"]
+    # Elastic runs (world size changing) name the size the dataset is built for.
+    n = cfg["batch_size"] * cfg.get("data_world_size", world_size) * cfg["steps"]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, IN_FEATURES, generator=g)
     return TensorDataset(x, x.sum(dim=1, keepdim=True))
