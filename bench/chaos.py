@@ -51,7 +51,6 @@ import random
 import sys
 import tempfile
 import time
-import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -65,6 +64,7 @@ from bench.recovery import (  # noqa: E402 - after the environment and the path 
     _training_worker_pids,
     _wait_for,
     finish_child,
+    record_error,
     run_orchestrator,
     spawn_child,
     start_cluster,
@@ -139,10 +139,7 @@ def measure(args) -> dict:
         else:
             out["error"] = f"the run was still going {args.timeout:.0f} s after the last kill"
     except Exception as exc:  # noqa: BLE001 - the parent reports the scenario as failed
-        traceback.print_exc()
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        if driver is not None and driver.outcome.get("error"):
-            out["driver_error"] = driver.outcome["error"]
+        record_error(out, exc, driver)
     finally:
         teardown(cluster, temp_dir, out, args.keep)
     return out

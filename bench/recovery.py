@@ -419,10 +419,7 @@ def measure(args) -> dict:
             else:
                 out["status"] = f"still running after {args.timeout:.0f} s"
     except Exception as exc:  # noqa: BLE001 - the parent reports the measurement as failed
-        traceback.print_exc()
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        if driver is not None and driver.outcome.get("error"):
-            out["driver_error"] = driver.outcome["error"]
+        record_error(out, exc, driver)
     finally:
         if stopped_pid is not None:
             # Never leave the frozen process behind: SIGKILL it by its pid (a stopped process dies of it).
@@ -437,6 +434,14 @@ def measure(args) -> dict:
         if session is not None and killed_at is not None:
             out["ray_controller"] = _controller_timeline(session, killed_at)
     return out
+
+
+def record_error(out: dict, exc: BaseException, driver) -> None:
+    """A measurement that failed: its traceback on stderr, the error (and the driver's) in its result."""
+    traceback.print_exc()
+    out["error"] = f"{type(exc).__name__}: {exc}"
+    if driver is not None and driver.outcome.get("error"):
+        out["driver_error"] = driver.outcome["error"]
 
 
 def _measure_growth(cluster, log: str, driver, out: dict, timeout: float) -> None:

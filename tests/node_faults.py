@@ -5,9 +5,11 @@ node tests train while the main thread kills and adds nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 from ray.cluster_utils import Cluster
 
@@ -16,6 +18,24 @@ import orchestrator
 # Notice a dead node within a few seconds instead of Ray's default of about a minute.
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_timeout_ms": 1000}
+
+
+@contextlib.contextmanager
+def loopback_cluster(nodes: int = 3) -> Iterator[Cluster]:
+    """A head without CPUs (the driver's side, fast node-death checks) and `nodes` 1-CPU nodes;
+    shut down, with this process's Ray connection, at the end."""
+    import ray
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
 
 
 def children(pid: int) -> list[int]:

@@ -12,12 +12,10 @@ from __future__ import annotations
 import os
 
 import pytest
-import ray
 import torch
 from conftest import wait_for
 from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
-from node_faults import FAST_HEALTH_CHECKS, BackgroundRun, kill_node, training_worker_pids
-from ray.cluster_utils import Cluster
+from node_faults import BackgroundRun, kill_node, loopback_cluster, training_worker_pids
 
 import orchestrator
 from orchestrator.checkpoint import CheckpointStore, loads_state
@@ -36,14 +34,8 @@ CONSOLE = print if os.environ.get("ORCHESTRATOR_TEST_VERBOSE") else None
 @pytest.fixture(scope="module")
 def cluster():
     """A head without CPUs (the driver's side) and three 1-CPU nodes."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster.shutdown()
+    with loopback_cluster(3) as cluster:
+        yield cluster
 
 
 def torch_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
@@ -57,13 +49,13 @@ def torch_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
     }
 
 
-def lightning_job(name, tmp_path, records, *, workers, pace_s=0.0):
+def lightning_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
     return {
         "name": name, "storage": str(tmp_path / "runs"), "seed": 0,
         "lightning": {
             "model": {"class_path": "elastic_jobs.IdsModule", "init_args": {"records": str(records), "pace_s": pace_s}},
             "data": {"class_path": "elastic_jobs.IdsData", "init_args": {"samples": SAMPLES, "batch_size": 2}},
-            "trainer": {"max_epochs": 2},
+            "trainer": {"max_epochs": epochs},
         },
         "scaling": {"num_workers": workers, "global_batch_size": GLOBAL_BATCH, "resize_interval_s": 3},
         "checkpoint": {"every_n_steps": 4, "keep_last": 2},
@@ -124,19 +116,11 @@ def _assert_exactly_once(result, records) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_torch_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path):
+@pytest.mark.parametrize("job", [torch_job, lightning_job], ids=["torch", "lightning"])
+def test_a_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path, job):
     records = tmp_path / "records"
     records.mkdir()
-    run = BackgroundRun(torch_job("elastic-torch", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster, CONSOLE)
+    run = BackgroundRun(job(f"elastic-{job.__name__}", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster,
+                        CONSOLE)
     _kill_and_regrow(cluster, run, records)
     _assert_exactly_once(run.result(timeout=400), records)
-
-
-@pytest.mark.timeout(600)
-def test_a_lightning_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path):
-    records = tmp_path / "records"
-    records.mkdir()
-    run = BackgroundRun(lightning_job("elastic-lightning", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster, CONSOLE)
-    _kill_and_regrow(cluster, run, records)
-    _assert_exactly_once(run.result(timeout=400), records)
-    assert os.listdir(records)

@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 from conftest import wait_for
-from node_faults import FAST_HEALTH_CHECKS, BackgroundRun, kill_node, training_worker_pids
+from node_faults import BackgroundRun, kill_node, loopback_cluster, training_worker_pids
 from ray.cluster_utils import Cluster
 from specs import torch_spec
 
@@ -24,14 +24,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def three_node_cluster():
     """A head without CPUs (the driver's side) and three 1-CPU nodes for two workers."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster.shutdown()
+    with loopback_cluster(3) as cluster:
+        yield cluster
 
 
 @pytest.mark.timeout(600)

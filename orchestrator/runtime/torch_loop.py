@@ -182,18 +182,22 @@ class TrainContext:
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
-            self._tracked[name] = obj
-            if self._restored is not None:
-                saved = self._restored.objects.get(name)
-                if saved is None:
-                    raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
-                                   f"'{name}' (it has {sorted(self._restored.objects)})")
-                if self._reshard_from is not None:
-                    load_local_state(obj, self._resharded(name, obj))
-                elif self._session.sharded:
-                    load_local_state(obj, saved)
-                else:
-                    _unwrap(obj).load_state_dict(saved)
+            if self._restored is not None and name not in self._restored.objects:
+                raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
+                               f"'{name}' (it has {sorted(self._restored.objects)})")
+        self._tracked.update(objects)
+        if self._restored is None:
+            return
+        # Resharding reads the old ranks' files once for all the objects of this call.
+        resharded = self._resharded(objects) if self._reshard_from is not None else {}
+        for name, obj in objects.items():
+            saved = self._restored.objects[name]
+            if self._reshard_from is not None:
+                load_local_state(obj, resharded[name])
+            elif self._session.sharded:
+                load_local_state(obj, saved)
+            else:
+                _unwrap(obj).load_state_dict(saved)
 
     def epochs(self) -> Iterator[int]:
         """Epoch numbers from where the run stands; stops at max_epochs or when max_steps is reached."""
@@ -283,7 +287,7 @@ class TrainContext:
             return restored.files[fname]
         return self._session.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
 
-    def _resharded(self, name: str, obj: Any) -> Any:
+    def _resharded(self, objects: dict[str, Any]) -> dict[str, Any]:
         restored = self._session_restored
 
         def read_old(old_rank: int) -> dict[str, Any]:
@@ -293,8 +297,8 @@ class TrainContext:
             raw = loads_state(self._restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
             return raw["objects"]
 
-        return reshard_states({name: obj}, read_old, old_world=self._reshard_from, world_size=self.world_size,
-                              rank=self.rank)[name]
+        return reshard_states(objects, read_old, old_world=self._reshard_from, world_size=self.world_size,
+                              rank=self.rank)
 
     def _training_loader(self) -> ResumableLoader | None:
         index = self._train_loader if self._train_loader is not None else 0
