@@ -28,7 +28,7 @@ from typing import Any
 import ray
 import ray.train
 
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ _COMMUNICATION_MARKERS = (
     "read error", "unhandled system error", "remote process exited",
 )
 # OSErrors a retry may get past (a storage or network hiccup); the rest (a missing file, a
-# permission) are the user's to fix.
+# permission, a full disk) are the user's to fix.
 _TRANSIENT_ERRNOS = {errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE, errno.ESTALE,
-                     errno.ENOSPC, errno.EAGAIN, errno.EBUSY}
+                     errno.EAGAIN, errno.EBUSY}
 _USER_OSERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
 
 
@@ -55,6 +55,8 @@ def classify(exc: BaseException) -> str:
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
         seen.add(id(link))
+        if isinstance(link, UserError):  # raised on purpose with a fix to apply (e.g. a full disk)
+            return USER
         if _is_infrastructure(link):
             return INFRASTRUCTURE
         link = link.__cause__ or link.__context__

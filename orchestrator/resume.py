@@ -44,7 +44,8 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
             store.delete(info)
         return ResumeChoice(None, None, "fresh run (resume_from: none)")
     if mode == "latest":
-        selection = store.latest_loadable()
+        # Chosen from manifests and streamed hashes: the driver never holds a checkpoint's payload.
+        selection = store.latest_verified()
         if selection.info is None:
             why = "no committed checkpoint" + (f" ({len(selection.skipped)} skipped)" if selection.skipped else "")
             return ResumeChoice(None, None, f"fresh run: {why} in {store.root.uri}", warnings=selection.skipped)
@@ -53,7 +54,7 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
         if selection.skipped:
             reason += f", after skipping {len(selection.skipped)} partial or corrupt"
         return ResumeChoice(info.uri, info.step, reason, info.manifest, selection.skipped)
-    info, _ = store.open_uri(mode)
+    info, _ = store.open_uri(mode, keep=lambda _name: False)  # checked, streamed, not held
     if info.manifest is None:
         raise CheckpointError(f"resume_from '{mode}': the checkpoint has no manifest. Fix: use resume_from: latest.")
     return ResumeChoice(info.uri, info.step, "resume_from names this checkpoint", info.manifest)

@@ -20,7 +20,7 @@ import ray
 import ray.train
 
 from orchestrator.faults import UserCodeFailed
-from orchestrator.runtime.session import local_log_dir
+from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
 
 Console = Callable[[str], None]
@@ -193,6 +193,8 @@ class RunWatcher:
                     "stopped": "not restarted: the run is stopping"}.get(
                 event["classification"], "restarting from the newest committed checkpoint")
             return f"failure ({event['classification']}): {ranks}; {then}"
+        if kind == "warning":
+            return f"warning: {event['message']}"
         if kind == "resume_fallback":
             return (f"warning: checkpoint {event['wanted']} could not be read ({event['cause']}); "
                     f"the group resumes from {event['uri']}")
@@ -214,7 +216,7 @@ def _record_line(record: dict[str, Any]) -> str:
 
 def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watcher: RunWatcher | None) -> str:
     """One paragraph for a run that failed: what failed, how it was classified, what to do."""
-    logs = local_log_dir(run_dir.uri)
+    logs = RunDir(run_dir).logs
     kept = ("The newest committed checkpoint is kept; fix the cause and run the same command again to resume "
             "from it.")
     root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error

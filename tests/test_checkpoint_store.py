@@ -128,7 +128,7 @@ def test_keep_last_keeps_exactly_the_newest_k_and_stale_partials_go(store):
     for step in (10, 20, 30, 40, 50):
         commit(store, step)
     os.makedirs(os.path.join(store.root.path, f"{TMP_PREFIX}step-000000015-dead"))
-    deleted = store.retain(keep_last=2)
+    deleted = store.retain(keep_last=2).deleted
     assert [i.step for i in store.scan()] == [40, 50]
     assert sorted(i.step for i in deleted) == [10, 15, 20, 30]
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.errors import CheckpointError
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+
+
+class NewerFormat(CheckpointError):
+    """A manifest of a format this version does not know: never mistaken for a corrupt one."""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -47,13 +54,22 @@ class Manifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> Manifest:
+    def from_json(cls, data: bytes, *, source: str = "manifest") -> Manifest:
         raw: dict[str, Any] = json.loads(data)
+        written = raw.get("format", FORMAT_VERSION)
+        if isinstance(written, int) and written > FORMAT_VERSION:
+            raise NewerFormat(
+                f"checkpoint {source} was written by a newer orchestrator (manifest format {written}; this "
+                f"version reads format {FORMAT_VERSION} and older), so it cannot be read or safely skipped. "
+                "Fix: upgrade orchestrator (on the driver and every node) to the version that wrote it, or "
+                "start a new run under another name."
+            )
         raw["files"] = {name: FileEntry(**entry) for name, entry in raw["files"].items()}
         return cls(**raw)
 
 
-def library_versions() -> dict[str, str]:
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
     import importlib.metadata as md
 
     versions = {}
@@ -62,4 +78,9 @@ def library_versions() -> dict[str, str]:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
-    return versions
+    return tuple(versions.items())
+
+
+def library_versions() -> dict[str, str]:
+    """The versions that wrote a checkpoint; looked up once per process (it takes ~1 s)."""
+    return dict(_installed_versions())

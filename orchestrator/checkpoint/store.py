@@ -1,30 +1,49 @@
 """One store for every checkpoint of a run: `<run_dir>/checkpoints/step-<N>/`.
 
-Commit protocol. The files of a checkpoint are written first, its manifest (sizes and sha256 of
-every file) last; a checkpoint is committed exactly when `step-<N>/manifest.json` exists. On a
-local filesystem the whole folder is built under a temporary name and renamed into place, which
-is atomic; on an object store each object appears whole when its upload completes, so writing the
-manifest last gives the same guarantee. Readers therefore only ever take committed checkpoints,
-and loading re-checks every checksum, falling back to the previous checkpoint with a warning
-when one turns out partial or corrupt.
+Commit protocol (`phases.py` names each point of it). The files of a checkpoint are written
+first, each fsynced on a local or shared filesystem; its manifest (sizes and sha256 of every
+file) last. A checkpoint is committed exactly when `step-<N>/manifest.json` exists. Locally the
+whole folder is built under a temporary name, fsynced, renamed into place (atomic, and refused
+by the kernel if a committed folder already holds the name) and the parent directory fsynced. On
+an object store each object appears whole when its upload completes, so writing the manifest last
+gives the same guarantee. Then the new checkpoint is read back (sizes and hashes locally, sizes
+on object stores); only a checkpoint confirmed that way lets retention delete older ones.
+
+Readers only ever take committed checkpoints, and loading re-checks every checksum, falling back
+to the previous checkpoint with a warning when one turns out partial or corrupt. A `fence`
+(the run's writer lease) is checked before every commit and deletion, so a writer that lost the
+run to a newer driver changes nothing.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
 from orchestrator import storage
-from orchestrator.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, library_versions, sha256_hex
+from orchestrator.checkpoint import phases, retention
+from orchestrator.checkpoint.files import (
+    Payload,
+    discard,
+    file_entry,
+    fsync_dir,
+    is_disk_full,
+    payload_bytes,
+    remove_tree,
+    storage_full_error,
+    write_file,
+)
+from orchestrator.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, NewerFormat, library_versions
 from orchestrator.errors import CheckpointError
 from orchestrator.storage import Location
 
@@ -33,6 +52,10 @@ log = logging.getLogger(__name__)
 CHECKPOINTS_DIR = "checkpoints"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
+
+
+def _hold_nothing(_name: str) -> bool:
+    return False
 
 
 class CorruptCheckpoint(Exception):
@@ -76,19 +99,35 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
+@dataclass
+class RetentionReport:
+    """What a retention pass deleted, and what it could not do (warnings; the next pass retries)."""
+
+    deleted: list[CheckpointInfo] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
 class CheckpointStore:
-    def __init__(self, run_dir: Location):
+    def __init__(self, run_dir: Location, *, fence: Callable[[], None] | None = None):
         self.run_dir = run_dir
         self.root = run_dir.join(CHECKPOINTS_DIR)
+        # Raises when this process may no longer write the run (checkpoint/lease.py).
+        self.fence = fence
+        # Checkpoints this store wrote and read back intact: only these let retention delete.
+        self.verified: set[str] = set()
 
     @classmethod
-    def for_run(cls, run_uri: str) -> CheckpointStore:
-        return cls(storage.resolve(run_uri))
+    def for_run(cls, run_uri: str, *, fence: Callable[[], None] | None = None) -> CheckpointStore:
+        return cls(storage.resolve(run_uri), fence=fence)
 
     # --- reading -----------------------------------------------------------------------------
 
     def scan(self) -> list[CheckpointInfo]:
-        """Every checkpoint folder, oldest first, with a status from its manifest and file sizes."""
+        """Every checkpoint folder, oldest first, with a status from its manifest and file sizes.
+
+        A checkpoint written by a newer orchestrator raises NewerFormat: skipping it would let
+        this run write older steps after it and its retention delete it.
+        """
         infos = []
         for entry in storage.list_dir(self.root):
             if entry.type != pafs.FileType.Directory:
@@ -113,37 +152,44 @@ class CheckpointStore:
                    verify_all: bool = True) -> dict[str, bytes]:
         """The files of a committed checkpoint, each checked against its manifest checksum.
 
-        Only the files `keep` accepts are returned. With `verify_all`, every file is read and
-        checked (whoever decides which checkpoint a group resumes from); without, only the kept
-        ones (a rank loading the checkpoint already chosen for it reads only its own shard).
+        Only the files `keep` accepts are read into memory and returned. With `verify_all`, every
+        other file is checked too, streamed through its hash and never held (whoever decides
+        which checkpoint a group resumes from); without, only the kept ones (a rank loading the
+        checkpoint already chosen for it reads only its own shard).
         """
         if info.status != "committed" or info.manifest is None:
             raise CorruptCheckpoint(info.name, info.problem or info.status)
         files = {}
         for fname, entry in info.manifest.files.items():
-            if not verify_all and keep is not None and not keep(fname):
+            hold = keep is None or keep(fname)
+            if not hold and not verify_all:
                 continue
+            loc = info.location.join(fname)
             try:
-                data = storage.read_bytes(info.location.join(fname))
+                if hold:
+                    data = storage.read_bytes(loc)
+                    found = FileEntry(size=len(data), sha256=_sha256(data))
+                else:
+                    found = file_entry(loc)
             except (OSError, FileNotFoundError) as exc:
                 raise CorruptCheckpoint(info.name, f"file '{fname}' unreadable ({exc})") from None
-            if len(data) != entry.size or sha256_hex(data) != entry.sha256:
+            if found != entry:
                 raise CorruptCheckpoint(info.name, f"file '{fname}' fails its sha256 check")
-            if keep is None or keep(fname):
+            if hold:
                 files[fname] = data
         return files
 
     def verify(self, info: CheckpointInfo) -> CheckpointInfo:
-        """Full check of every checksum; returns the info with its status updated."""
+        """Full check of every checksum, streamed; returns the info with its status updated."""
         if info.status == "committed":
             try:
-                self.read_files(info)
+                self.read_files(info, _hold_nothing)
             except CorruptCheckpoint as exc:
                 info.status, info.problem = "corrupt", exc.reason
         return info
 
     def latest_loadable(self, keep: Callable[[str], bool] | None = None) -> Selection:
-        """The newest checkpoint that verifies, its files, and a warning for each one skipped."""
+        """The newest checkpoint that verifies, its kept files, and a warning for each one skipped."""
         skipped: list[str] = []
         for info in reversed(self.scan()):
             if info.name.startswith(TMP_PREFIX):
@@ -156,6 +202,10 @@ class CheckpointStore:
                 continue
             return Selection(info, files, skipped)
         return Selection(None, {}, skipped)
+
+    def latest_verified(self) -> Selection:
+        """latest_loadable() holding no file in memory: a choice made from manifests and hashes."""
+        return self.latest_loadable(_hold_nothing)
 
     def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None, *,
                  verify_all: bool = True) -> tuple[CheckpointInfo, dict[str, bytes]]:
@@ -180,23 +230,50 @@ class CheckpointStore:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def commit(self, manifest: Manifest, files: dict[str, bytes]) -> CheckpointInfo:
-        """Write `files` and their manifest as checkpoint `step-<manifest.step>`, atomically."""
-        manifest.files = {n: FileEntry(size=len(d), sha256=sha256_hex(d)) for n, d in files.items()}
-        manifest.versions = manifest.versions or library_versions()
-        name = step_dir_name(manifest.step)
+    def commit(self, manifest: Manifest, files: dict[str, Payload]) -> CheckpointInfo:
+        """Write `files` and their manifest as checkpoint `step-<manifest.step>`, atomically.
+
+        Returns the new checkpoint, read back: status "committed" (and in `verified`), or
+        "corrupt" when what storage returns differs from what was written.
+        """
+        step = manifest.step
+        name = step_dir_name(step)
         final = self.root.join(name)
-        existing = self._already_committed(final, name, manifest.step)
+        existing = self._already_committed(final, name, step)
         if existing is not None:
             return existing
         storage.ensure_dir(self.root)
+        staging = self.root.join(f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}") if final.is_local else final
+        try:
+            storage.ensure_dir(staging)
+            manifest.files = self._write_payloads(staging, files, step)
+            phases.reached("files_written", step)
+            self._write_manifest(staging, manifest)
+        except Exception as exc:
+            if staging.is_local:  # a private folder; on an object store a newer writer may share the step's
+                discard(staging)  # folder, and retention removes an uncommitted one later
+            if is_disk_full(exc):
+                raise storage_full_error(step, self.root, sum(payload_bytes(p) for p in files.values())) from None
+            raise
+        phases.reached("manifest_written", step)
         if final.is_local:
-            staging = self.root.join(f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
-            self._write_all(staging, manifest, files)
-            self._publish_local(staging, final)
-        else:
-            self._write_all(final, manifest, files)
-        return CheckpointInfo(name, final, manifest.step, "committed", manifest)
+            committed = self._publish_local(staging, final, step)
+            if committed is not None:
+                return committed
+        return self.confirm(CheckpointInfo(name, final, step, "committed", manifest))
+
+    def _write_payloads(self, loc: Location, files: dict[str, Payload], step: int) -> dict[str, FileEntry]:
+        partial = lambda: phases.reached("file_partial", step)  # noqa: E731 - a one-line hook
+        return {fname: write_file(loc.join(fname), payload, on_first_bytes=partial)
+                for fname, payload in files.items()}
+
+    def _write_manifest(self, loc: Location, manifest: Manifest) -> None:
+        """The commit point on an object store, so the fence is checked right before it."""
+        manifest.versions = manifest.versions or library_versions()
+        self._fenced()
+        write_file(loc.join(MANIFEST_NAME), manifest.to_json())
+        if loc.is_local:
+            fsync_dir(loc.path)
 
     def _already_committed(self, final: Location, name: str, step: int) -> CheckpointInfo | None:
         """A whole checkpoint already committed at this step, which a new write must not replace.
@@ -210,17 +287,46 @@ class CheckpointStore:
         log.info("checkpoint %s is already committed; keeping it", final.uri)
         return info
 
-    def _publish_local(self, staging: Location, final: Location) -> None:
-        """Rename a fully written local folder into place (the commit).
+    def _publish_local(self, staging: Location, final: Location, step: int) -> CheckpointInfo | None:
+        """Rename a fully written local folder into place (the commit); made durable by an fsync.
 
-        Only a leftover that is not a committed checkpoint (an interrupted write at the same
-        step) can stand in the way; it is moved aside first, then removed.
+        rename(2) refuses to replace a non-empty folder, so a checkpoint committed under the name
+        in the meantime (another writer) is never replaced: it is kept and returned. Only a
+        leftover that is not committed (an interrupted write at the same step) is moved aside.
         """
-        if os.path.exists(final.path):
+        self._fenced()
+        try:
+            os.rename(staging.path, final.path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            existing = self._already_committed(final, final.path.rsplit("/", 1)[-1], step)
+            if existing is not None:
+                remove_tree(staging.path)
+                return existing
             leftover = self._doomed_name(final)
             os.rename(final.path, leftover)
-            self._remove_local(leftover)
-        os.rename(staging.path, final.path)
+            remove_tree(leftover)
+            os.rename(staging.path, final.path)
+        phases.reached("published", step)
+        fsync_dir(self.root.path)
+        return None
+
+    def confirm(self, info: CheckpointInfo) -> CheckpointInfo:
+        """Read a just-committed checkpoint back: hashes on local and shared filesystems, sizes
+        on object stores (whose uploads are checksummed on the way). Only a confirmed checkpoint
+        counts for retention."""
+        checked = inspect_location(info.location, info.name, info.step)
+        if checked.status == "committed" and info.location.is_local:
+            checked = self.verify(checked)
+        if checked.status != "committed":
+            info.status, info.problem = "corrupt", checked.problem
+            log.warning("checkpoint %s was committed but does not read back intact (%s); older checkpoints "
+                        "are kept and resuming skips it", info.uri, checked.problem)
+            return info
+        self.verified.add(info.name)
+        phases.reached("verified", info.step)
+        return info
 
     # --- sharded state (FSDP/DeepSpeed): every rank writes its own shard -------------------------
 
@@ -230,35 +336,49 @@ class CheckpointStore:
             return self.root.join(f"{TMP_PREFIX}{name}-{token}")
         return self.root.join(name)  # object stores: the manifest written last is the commit
 
-    def write_shard(self, step: int, token: str, rank: int, files: dict[str, bytes]) -> None:
+    @staticmethod
+    def _receipt(loc: Location, rank: int, token: str) -> Location:
+        """A rank's receipt for one save: named by the save's token, so that receipts an aborted
+        attempt at the same step left on an object store never count for this one."""
+        return loc.join(f"shard-{rank:05d}-{token}.json")
+
+    def write_shard(self, step: int, token: str, rank: int, files: dict[str, Payload]) -> None:
         """One rank's part of checkpoint `step`. `token` must be the same on every rank for this save."""
         name = step_dir_name(step)
         if self._already_committed(self.root.join(name), name, step) is not None:
             return  # on an object store the shard would overwrite committed files in place
         loc = self._staging(step, token)
-        storage.ensure_dir(loc)
-        entries = {}
-        for fname, data in files.items():
-            storage.write_bytes(loc.join(fname), data)
-            entries[fname] = {"size": len(data), "sha256": sha256_hex(data)}
-        # The shard's own receipt, written after its files: its presence means the shard is whole.
-        storage.write_atomic(loc.join(f"shard-{rank:05d}.json"), json.dumps(entries).encode())
+        try:
+            storage.ensure_dir(loc)
+            entries = self._write_payloads(loc, files, step)
+            phases.reached("shard_written", step)
+            # The shard's own receipt, written after its files: its presence means the shard is whole.
+            receipt = {f: {"size": e.size, "sha256": e.sha256} for f, e in entries.items()}
+            write_file(self._receipt(loc, rank, token), json.dumps(receipt).encode())
+            if loc.is_local:
+                fsync_dir(loc.path)
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise storage_full_error(step, self.root, sum(payload_bytes(p) for p in files.values())) from None
+            raise
+        phases.reached("receipt_written", step)
 
     def commit_shards(self, manifest: Manifest, token: str, *, timeout_s: float = 600.0,
                       poll_s: float = 0.2) -> CheckpointInfo:
         """Rank 0: once every rank's shard receipt is present, write the manifest and publish."""
-        name = step_dir_name(manifest.step)
+        step = manifest.step
+        name = step_dir_name(step)
         final = self.root.join(name)
-        existing = self._already_committed(final, name, manifest.step)
+        existing = self._already_committed(final, name, step)
         if existing is not None:  # write_shard skipped it on every rank too
             return existing
-        loc = self._staging(manifest.step, token)
-        receipts = [loc.join(f"shard-{r:05d}.json") for r in range(manifest.world_size)]
+        loc = self._staging(step, token)
+        receipts = [self._receipt(loc, r, token) for r in range(manifest.world_size)]
         deadline = time.monotonic() + timeout_s
         while not all(storage.exists(r) for r in receipts):
             if time.monotonic() > deadline:
                 missing = [r.path.rsplit("/", 1)[-1] for r in receipts if not storage.exists(r)]
-                raise TimeoutError(f"checkpoint step {manifest.step} not committed: shards {missing} "
+                raise TimeoutError(f"checkpoint step {step} not committed: shards {missing} "
                                    f"still missing in {loc.uri} after {timeout_s:.0f} s. Every worker writes "
                                    "its own shard there, so the storage must be shared by every node "
                                    "(a shared mount or an object store)")
@@ -268,81 +388,78 @@ class CheckpointStore:
             for fname, entry in json.loads(storage.read_bytes(receipt)).items():
                 files[fname] = FileEntry(**entry)
         manifest.files = files
-        manifest.versions = manifest.versions or library_versions()
-        storage.write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
+        phases.reached("files_written", step)
+        try:
+            self._write_manifest(loc, manifest)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise storage_full_error(step, self.root, 4096) from None
+            raise
+        phases.reached("manifest_written", step)
         if loc.is_local:
-            self._publish_local(loc, final)
-        return CheckpointInfo(name, final, manifest.step, "committed", manifest)
+            committed = self._publish_local(loc, final, step)
+            if committed is not None:
+                return committed
+        return self.confirm(CheckpointInfo(name, final, step, "committed", manifest))
 
-    def _write_all(self, loc: Location, manifest: Manifest, files: dict[str, bytes]) -> None:
-        storage.ensure_dir(loc)
-        for fname, data in files.items():
-            storage.write_bytes(loc.join(fname), data)
-            if loc.is_local:
-                _fsync(loc.join(fname).path)
-        storage.write_bytes(loc.join(MANIFEST_NAME), manifest.to_json())
-        if loc.is_local:
-            _fsync(loc.join(MANIFEST_NAME).path)
+    # --- deleting ------------------------------------------------------------------------------
 
-    def delete(self, info: CheckpointInfo) -> None:
-        """Remove a checkpoint so that no reader ever sees it half-deleted.
+    def delete(self, info: CheckpointInfo) -> list[str]:
+        """Remove a checkpoint so that no reader ever sees it half-deleted; returns what is left.
 
-        Locally the folder is first renamed out of view; on an object store the manifest goes
-        first, so a concurrent reader sees an uncommitted checkpoint, never a committed one with
-        missing files.
+        Locally the folder is first renamed out of view (a later pass finishes removing it if
+        this one cannot); on an object store the manifest goes first, so a concurrent reader
+        sees an uncommitted checkpoint, never a committed one with missing files.
         """
+        self._fenced()
         if info.location.is_local:
-            doomed = self._doomed_name(info.location)
-            try:
-                os.rename(info.location.path, doomed)
-            except FileNotFoundError:
-                return
-            self._remove_local(doomed)
-        else:
-            manifest = info.location.join(MANIFEST_NAME)
-            if storage.exists(manifest):
-                info.location.fs.delete_file(manifest.path)
-            info.location.fs.delete_dir(info.location.path)
+            doomed = info.location.path
+            if not info.name.startswith(retention.DELETING_PREFIX):
+                doomed = self._doomed_name(info.location)
+                try:
+                    os.rename(info.location.path, doomed)
+                except FileNotFoundError:
+                    return []
+            phases.reached("retention", info.step)
+            return remove_tree(doomed)
+        manifest = info.location.join(MANIFEST_NAME)
+        if storage.exists(manifest):
+            info.location.fs.delete_file(manifest.path)
+        phases.reached("retention", info.step)
+        info.location.fs.delete_dir(info.location.path)
+        return []
 
-    def retain(self, keep_last: int | None, keep_best: tuple[int, str, str] | None = None) -> list[CheckpointInfo]:
-        """Delete committed checkpoints that no rule keeps, and stale partial ones.
-
-        Kept: the newest `keep_last`, the best `k` by `monitor` (`mode` min or max) among those
-        whose manifest has that metric, and always the newest committed checkpoint. Partial
-        folders older than the newest are leftovers of interrupted writes; newer ones may be a
-        write still in flight and are kept.
-        """
-        infos = self.scan()
-        committed = [i for i in infos if i.status == "committed"]
-        if not committed:
-            return []
-        newest = committed[-1]
-        keep = {newest.name}
-        keep.update(i.name for i in (committed[-keep_last:] if keep_last is not None else committed))
-        if keep_best is not None:
-            k, monitor, mode = keep_best
-            scored = [i for i in committed if monitor in i.manifest.metrics]
-            scored.sort(key=lambda i: i.manifest.metrics[monitor], reverse=(mode == "max"))
-            keep.update(i.name for i in scored[:k])
-        doomed = [i for i in committed if i.name not in keep]
-        doomed += [i for i in infos if i.status != "committed" and i.step < newest.step
-                   and not i.name.startswith(f"{TMP_PREFIX}deleting")]
-        for info in doomed:
+    def retain(self, keep_last: int | None, keep_best: tuple[int, str, str] | None = None) -> RetentionReport:
+        """Delete what no rule keeps (`retention.doomed`). Never raises: a listing or deletion
+        problem is a warning in the report, and the next pass tries again."""
+        report = RetentionReport()
+        try:
+            infos = self.scan()
+        except Exception as exc:  # noqa: BLE001 - retention must never fail a save
+            report.problems.append(f"listing {self.root.uri} failed: {type(exc).__name__}: {exc}")
+            return report
+        for info in retention.doomed(infos, self.verified, keep_last, keep_best):
             try:
-                self.delete(info)
-            except OSError as exc:  # a failed deletion must not stop training; the next pass retries
-                log.warning("could not delete checkpoint %s: %s", info.uri, exc)
-        return doomed
+                left = self.delete(info)
+            except Exception as exc:  # noqa: BLE001 - retried by the next pass
+                left = [f"{type(exc).__name__}: {exc}"]
+            if left:
+                report.problems.append(f"could not delete {info.uri} entirely ({left[0]}); a later pass retries")
+            else:
+                report.deleted.append(info)
+        for problem in report.problems:
+            log.warning("checkpoint retention: %s", problem)
+        return report
+
+    def _fenced(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     @staticmethod
     def _doomed_name(loc: Location) -> str:
         """A local path out of readers' view to move a folder to before removing it."""
         parent, name = os.path.split(loc.path.rstrip("/"))
-        return f"{parent}/{TMP_PREFIX}deleting-{name}-{uuid.uuid4().hex[:6]}"
-
-    @staticmethod
-    def _remove_local(path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        return f"{parent}/{retention.DELETING_PREFIX}{name}-{uuid.uuid4().hex[:6]}"
 
     def __iter__(self) -> Iterator[CheckpointInfo]:
         return iter(self.scan())
@@ -354,7 +471,9 @@ def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
     if not storage.exists(manifest_loc):
         return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
     try:
-        manifest = Manifest.from_json(storage.read_bytes(manifest_loc))
+        manifest = Manifest.from_json(storage.read_bytes(manifest_loc), source=loc.uri)
+    except NewerFormat:
+        raise
     except Exception as exc:  # noqa: BLE001 - any unreadable manifest makes the checkpoint corrupt
         return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
     info = CheckpointInfo(name, loc, step, "committed", manifest)
@@ -374,9 +493,5 @@ def _tmp_step(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

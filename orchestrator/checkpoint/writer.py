@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from orchestrator.checkpoint.files import Payload
 from orchestrator.checkpoint.manifest import Manifest
 from orchestrator.checkpoint.store import CheckpointInfo, CheckpointStore
+from orchestrator.errors import UserError
 
 
 class AsyncCheckpointWriter:
@@ -27,15 +29,15 @@ class AsyncCheckpointWriter:
         self.blocked_seconds = 0.0
         self.last_committed: CheckpointInfo | None = None
 
-    def save(self, manifest: Manifest, build_files: Callable[[], dict[str, bytes]]) -> None:
-        """Commit a checkpoint. `build_files` serialises an already-taken snapshot to bytes.
+    def save(self, manifest: Manifest, build_files: Callable[[], dict[str, Payload]]) -> None:
+        """Commit a checkpoint. `build_files` names the files of an already-taken snapshot (bytes or Serialized states).
 
         The caller must pass a snapshot that later training steps cannot change (tensors cloned).
         """
         self._submit(lambda: self.store.commit(manifest, build_files()))
 
     def save_shard(self, manifest: Manifest, token: str, rank: int,
-                   build_files: Callable[[], dict[str, bytes]]) -> None:
+                   build_files: Callable[[], dict[str, Payload]]) -> None:
         """Write this rank's shard of a sharded checkpoint; on rank 0, then commit once all are there.
 
         Every rank of the save calls it with the same `token`.
@@ -63,7 +65,8 @@ class AsyncCheckpointWriter:
             info = write()
             if info is None:
                 return
-            self.last_committed = info
+            if info.status == "committed":  # not one that failed to read back
+                self.last_committed = info
             if self.on_commit is not None:
                 self.on_commit(info)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised on the training thread
@@ -79,6 +82,8 @@ class AsyncCheckpointWriter:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, UserError):  # e.g. StorageFull: its own message says what to do
+                raise error
             raise RuntimeError(f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import Callback
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
@@ -165,7 +165,7 @@ class OrchestratorCallback(Callback):
         checkpoint[RANKS_KEY] = ranks
         checkpoint[DATA_KEY] = {"epoch": self.progress.epoch, "consumed": self.progress.consumed}
         snapshot = self.session.snapshot(checkpoint)
-        self.session.commit(self.progress, reason, lambda: {CKPT_FILE: dumps_state(snapshot)})
+        self.session.commit(self.progress, reason, lambda: {CKPT_FILE: Serialized(snapshot)})
 
 
 SCRATCH_PREFIX = "orchestrator-lightning-"

@@ -28,7 +28,7 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from orchestrator.checkpoint import dumps_state, loads_state
+from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
@@ -275,7 +275,7 @@ class TrainContext:
             state = TrainState(progress=self.progress, ranks=ranks, objects=self._tracked_state())
             snapshot = session.snapshot(state.to_dict())
             fname = shard_file(self.rank) if session.sharded else STATE_FILE
-            session.commit(self.progress, reason, lambda: {fname: dumps_state(snapshot)},
+            session.commit(self.progress, reason, lambda: {fname: Serialized(snapshot)},
                            token=gathered[0].get("token", ""))
 
     # --- internals -----------------------------------------------------------------------------
@@ -443,13 +443,15 @@ def train_torch(session: WorkerSession) -> None:
     ctx = TrainContext(session, restored)
     stopped = False
     if ctx._done():
-        log.info("nothing to train: the run already reached its limits")
-    else:
-        train_loop = import_object(spec.torch.train_loop, "torch.train_loop")
-        try:
-            train_loop(ctx)
-        except StopTraining:
-            stopped = True  # the stop checkpoint is in the writer's hands; finish() commits it
+        log.info("nothing to train: the run already reached its limits; the loop only restores the model")
+    # Run even when nothing is left to train (a group started at the run's end): the loop builds
+    # and restores the model, ctx.epochs() yields nothing, and the result's fingerprint is the
+    # loaded model's, never that of an empty state.
+    train_loop = import_object(spec.torch.train_loop, "torch.train_loop")
+    try:
+        train_loop(ctx)
+    except StopTraining:
+        stopped = True  # the stop checkpoint is in the writer's hands; finish() commits it
     # The end-of-run checkpoint, unless the last save was at this very step.
     if not stopped and ctx.progress.step != session.last_save_step:
         ctx.save(reason="end")
