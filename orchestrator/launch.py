@@ -7,6 +7,7 @@ checkpoint is `resume.py`'s, the Ray connection `cluster.py`'s, the workers' cod
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -19,14 +20,16 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import cluster, resume, storage
 from orchestrator.checkpoint import CheckpointStore
+from orchestrator.checkpoint.lease import RunLease
 from orchestrator.errors import RunStopped, TrainingFailed
 from orchestrator.faults import FailureClassifier
 from orchestrator.goodput import compute as compute_goodput
 from orchestrator.monitor import start_monitor
 from orchestrator.recovery import collective_timeout_s, recovery_settings
 from orchestrator.result import RunResult, write_summary
+from orchestrator.run_dir import RunDir, write_storage_marker
 from orchestrator.run_watcher import Console, RunWatcher, describe_failure
-from orchestrator.runtime.session import local_log_dir
+from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.worker import train_worker
 from orchestrator.signals import StopSignals
 from orchestrator.spec import JobSpec, resolve_spec
@@ -50,9 +53,17 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     say = console or (lambda line: None)
     job = resolve_spec(spec, _flatten_overrides(overrides))
     cluster.check_address(address)
-    run_dir = storage.resolve(job.storage).join(job.name)
-    storage.ensure_dir(run_dir)
-    store = CheckpointStore(run_dir)
+    layout = RunDir.of(job.storage, job.name)
+    storage.ensure_dir(layout.location)
+    # One writer per run: a second driver is refused here, naming the one that holds the run.
+    with RunLease.acquire(layout).start_heartbeat() as run_lease:
+        return _run_holding(job, layout, run_lease, address, overwrite, say)
+
+
+def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, overwrite: bool,
+                 say: Console) -> RunResult:
+    run_dir = layout.location
+    store = CheckpointStore(run_dir, fence=run_lease.check)
     choice = resume.choose(job, store, overwrite=overwrite)
     for warning in choice.warnings:
         say(f"warning: {warning}")
@@ -70,12 +81,14 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
         try:
             monitor = start_monitor(job.failure.hang_timeout_s)
-            trainer = _build_trainer(job, run_dir.uri, choice.uri, monitor,
-                                     None if connection.job_env_applied else worker_env)
+            handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
+                                   log_dir=layout.logs, lease_generation=run_lease.generation,
+                                   storage_nonce=write_storage_marker(layout, socket.gethostname()))
+            trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
             attempt = _Attempt(job, run_dir, choice, monitor, say, started)
             result, error = attempt.fit(trainer)
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
-            write_summary(run_dir, result)
+            _save_summary(run_dir, result, say)
         finally:
             cluster.disconnect(connection)
 
@@ -166,24 +179,25 @@ class _Attempt:
             pass
 
 
-def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
-                   worker_env: dict[str, str] | None) -> TorchTrainer:
+def _save_summary(run_dir, result: RunResult, say: Console) -> None:
+    """summary.json; a storage that cannot take it (full, gone) costs the file, not the result."""
+    try:
+        write_summary(run_dir, result)
+    except OSError as exc:
+        say(f"warning: {result.summary_path} could not be written ({exc}); the outcome printed here is "
+            "the only record of it")
+
+
+def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, str] | None) -> TorchTrainer:
     scaling = job.scaling
     elastic = scaling.elastic
     resources = dict(scaling.resources_per_worker)
     if scaling.use_gpu:
         resources.setdefault("GPU", 1.0)
-    config = {
-        "spec": job,
-        "run_uri": run_uri,
-        "resume_uri": resume_uri,
-        "monitor": monitor,
-        "log_dir": local_log_dir(run_uri),
-    }
-    ray_dir = storage.resolve(run_uri).join("_ray")
+    ray_dir = RunDir.at(handoff.run_uri).ray
     return TorchTrainer(
         train_loop_per_worker=train_worker,
-        train_loop_config=config,
+        train_loop_config=handoff.to_config(),
         torch_config=TorchConfig(timeout_s=collective_timeout_s(job.failure)),
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic policy sizes each start to what the cluster holds.
@@ -204,7 +218,7 @@ def _build_trainer(job: JobSpec, run_uri: str, resume_uri: str | None, monitor,
             failure_config=FailureConfig(max_failures=job.failure.max_failures,
                                          max_preemption_failures=job.failure.max_preemptions,
                                          controller_failure_limit=-1 if elastic else 0),
-            callbacks=[FailureClassifier(monitor, job.failure.hang_timeout_s)],
+            callbacks=[FailureClassifier(handoff.monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             # Only when the job itself could not be given the workers' variables (cluster.connect).
             worker_runtime_env={"env_vars": worker_env} if worker_env else None,

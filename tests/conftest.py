@@ -96,3 +96,15 @@ def clean_lightning(tmp_path_factory):
     import orchestrator
 
     return orchestrator.run(lightning_spec("clean", tmp_path_factory.mktemp("clean-lightning")), console=None)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A real 3 MB filesystem (tmpfs) for full-disk tests, where mounting is allowed (root)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)

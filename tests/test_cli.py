@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import REPO, run_cli, wait_for
 
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore
 from orchestrator.cluster import session_pids
 
 
@@ -88,7 +90,7 @@ def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_path):
+def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_is_taken_over_once_dead(tmp_path):
     state_dir = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests"), "ORCHESTRATOR_STATE_DIR": str(state_dir)}
     driver = subprocess.Popen(
@@ -101,6 +103,11 @@ def test_ray_processes_left_by_a_killed_driver_do_not_break_the_next_run(tmp_pat
         for line in driver.stdout:
             if "checkpoint committed" in line:
                 break
+        # A second driver on the live run is refused before it starts anything, naming the first.
+        second = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), env=env, timeout=120)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert f"pid {driver.pid}" in second.stderr and "held by a live driver" in second.stderr
+        assert "Traceback" not in second.stdout + second.stderr
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -177,3 +184,22 @@ def test_a_wrong_ray_address_exits_2_before_anything_starts(tmp_path, address, f
     result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--address", address, timeout=60)
     _assert_user_error(result, *fragments, "Fix")
     assert not (tmp_path / "digits-torch").exists(), "nothing is written for a run that cannot start"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_full_disk_fails_the_run_at_once_naming_the_path_the_size_and_the_fix(small_filesystem):
+    storage_dir = small_filesystem / "runs"
+    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(storage_dir), "--set", "torch.max_epochs=3",
+                     "--set", "torch.config.hidden=256", "--set", "checkpoint.every_n_steps=5",
+                     "--set", "checkpoint.keep_last=20", timeout=240)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert "StorageFull" in out and "the filesystem is full" in out and "needs about 0.7 MB" in out, out[-3000:]
+    assert "not retried" in out and "Traceback" not in out
+    store = CheckpointStore(storage.resolve(str(storage_dir / "digits-torch")))
+    committed = store.committed()
+    assert len(committed) >= 2, "checkpoints commit until the disk is full"
+    assert all(store.verify(info).status == "committed" for info in committed)
+    assert not [n for n in os.listdir(store.root.path) if n.startswith(".tmp-")], "no partial write holds space"
+

@@ -10,10 +10,12 @@ and add one back (which leave the cluster at three workers' worth of nodes again
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import wait_for
+from conftest import REPO, wait_for
 from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
 from node_faults import BackgroundRun, kill_node, loopback_cluster, training_worker_pids
 
@@ -113,6 +115,30 @@ def _assert_exactly_once(result, records) -> None:
         assert len(ids) == SAMPLES and sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}"
     # The resize restarts are recorded with their size and step.
     assert [s["world_size"] for s in result.starts][:1] == [3] and len(result.starts) >= 3
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_cannot_see_the_drivers_run_directory_fails_the_start_naming_it(cluster, tmp_path):
+    """Node-local storage, simulated for real: the driver runs in a mount namespace of its own
+    with a private tmpfs over the storage directory, so the workers (outside it) see another
+    folder at the same path, as nodes with local disks do."""
+    import yaml
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(torch_job("unshared", tmp_path, tmp_path / "records", workers=2)))
+    private = ('mount -t tmpfs -o size=16m tmpfs "$0" && exec "$1" -m orchestrator run "$2" --address "$3"')
+    driver = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", private, str(runs),
+                             sys.executable, str(spec), cluster.address], capture_output=True, text=True, timeout=240,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "tests")})
+    out = driver.stdout + driver.stderr
+    if "unshare failed" in out or "mount:" in out:
+        pytest.skip(f"no private mount namespace here: {out[-300:]}")
+    assert driver.returncode == 1, out[-3000:]
+    assert "is not the same storage on every node" in out and "storage-marker.json does not exist here" in out
+    assert "rank 0 on" in out and "rank 1 on" in out and "Fix:" in out
+    assert "not retried" in out and "Traceback" not in out
 
 
 @pytest.mark.timeout(600)

@@ -21,11 +21,14 @@ import ray
 import ray.train
 import torch
 
-from orchestrator import storage
-from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest
+from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease
+from orchestrator.checkpoint.files import Payload
+from orchestrator.errors import UserError
 from orchestrator.faults import TransientStartError
+from orchestrator.run_dir import RunDir, storage_marker_problem
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
+from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
@@ -50,23 +53,33 @@ class Restored:
         return self.info.manifest
 
 
+class StorageNotShared(UserError):
+    """Some worker cannot see the run directory the driver writes: storage is node-local."""
+
+
 class StopTraining(Exception):
     """Raised in the training loop once the stop checkpoint is handed over: the driver asked the
     run to stop (Ctrl-C, SIGTERM, `ray job stop`). The harness catches it and ends cleanly."""
 
 
 class WorkerSession:
-    def __init__(self, config: dict[str, Any]):
-        self.spec: JobSpec = config["spec"]
-        self.run_uri: str = config["run_uri"]
-        self.resume_uri: str | None = config.get("resume_uri")
-        self.monitor = config["monitor"]
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.spec: JobSpec = config.spec
+        self.run_uri: str = config.run_uri
+        self.resume_uri: str | None = config.resume_uri
+        self.monitor = config.monitor
+        self.run_dir = RunDir.at(self.run_uri)
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.local_rank = context.get_local_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.store = CheckpointStore.for_run(self.run_uri)
+        generation = config.lease_generation
+        # Every commit and deletion first checks that the driver that started this group still
+        # holds the run: an orphaned group of a driver that was replaced changes nothing.
+        self.store = CheckpointStore(self.run_dir.location, fence=None if generation is None else
+                                     (lambda: lease.fence(self.run_dir, generation)))
         # Sharded state (torch.strategy: fsdp): every rank writes its own part of each checkpoint.
         self.sharded = self.spec.torch is not None and self.spec.torch.strategy == "fsdp"
         self.writer = AsyncCheckpointWriter(
@@ -88,7 +101,7 @@ class WorkerSession:
         self._first_step_reported = False
         self._samples_since = 0
         self._since = time.monotonic()
-        _quiet_worker(self.spec, self.rank, config.get("log_dir"))
+        _quiet_worker(self.spec, self.rank, config.log_dir)
 
     # --- the start of a worker group: one resume point for every rank ---------------------------
 
@@ -102,6 +115,7 @@ class WorkerSession:
         with a message naming the checkpoint, the rank and the cause, and Ray Train retries the
         start: no rank ever falls back on its own, so no rank resumes at another step.
         """
+        self._check_storage_is_shared()
         decision = broadcast_object(self._decide(keep) if self.rank == 0 else None)
         restored = None
         error = decision.get("error")
@@ -128,6 +142,25 @@ class WorkerSession:
             self.last_save_step = restored.info.step
             self.restored_uri = restored.info.uri
         return restored
+
+    def _check_storage_is_shared(self) -> None:
+        """Every rank reads back the marker the driver wrote in the run directory, or the start
+        fails on every rank with the nodes that could not: node-local storage on a multi-node
+        cluster would give each node its own checkpoints, so restarts would silently start
+        fresh and sharded commits would wait for shards they never see."""
+        nonce = self.config.storage_nonce
+        problem = storage_marker_problem(self.run_dir, nonce) if nonce else None
+        seen = all_gather_object((self.rank, socket.gethostname(), self.node_id, problem))
+        failed = [entry for entry in seen if entry[3]]
+        if not failed:
+            return
+        where = "; ".join(f"rank {rank} on {host} (node {node[:12]}): {problem}"
+                          for rank, host, node, problem in failed[:4])
+        raise StorageNotShared(
+            f"the run directory {self.run_uri} is not the same storage on every node: {where}. Each node "
+            "would keep its own checkpoints, so a restart on another node would start fresh. Fix: set "
+            "storage to a path every node mounts (NFS or another shared filesystem) or to an object store "
+            "(s3://bucket/prefix, gs://...), then run again.")
 
     def _decide(self, keep: Callable[[str], bool] | None) -> dict[str, Any]:
         """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
@@ -236,7 +269,7 @@ class WorkerSession:
         self.writer.wait()
         return self._buffers.take(state)
 
-    def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, bytes]],
+    def commit(self, progress: Progress, reason: str, build_files: Callable[[], dict[str, Payload]],
                token: str = "") -> None:
         """Hand a snapshot to the writer (asynchronous unless checkpoint.async is false).
 
@@ -256,10 +289,23 @@ class WorkerSession:
             self.writer.save(manifest, build_files)
 
     def _on_commit(self, info: CheckpointInfo) -> None:
-        self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
-                                 reason=info.manifest.reason if info.manifest else "")
+        """On the writer thread, after each commit: tell the driver, then apply retention.
+
+        A checkpoint that did not read back intact is announced as a warning, not as committed;
+        retention then keeps what came before it. Retention problems are warnings too: a save
+        never fails for them, and the next pass retries.
+        """
+        if info.status == "committed":
+            self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
+                                     reason=info.manifest.reason if info.manifest else "")
+        else:
+            self.monitor.push.remote("warning", message=f"checkpoint {info.uri} was written but does not read "
+                                     f"back intact ({info.problem}); the checkpoints before it are kept")
         best = self.spec.checkpoint.keep_best
-        self.store.retain(self.spec.checkpoint.keep_last, (best.k, best.monitor, best.mode) if best else None)
+        report = self.store.retain(self.spec.checkpoint.keep_last,
+                                   (best.k, best.monitor, best.mode) if best else None)
+        for problem in report.problems:
+            self.monitor.push.remote("warning", message=f"checkpoint retention: {problem}")
 
     def abandon(self) -> None:
         """The training loop raised: still commit the checkpoint already handed to the writer.
@@ -328,12 +374,21 @@ class _Tee:
         self._stream, self._file = stream, file
 
     def write(self, text):
-        self._file.write(text)
+        self._to_file(lambda: self._file.write(text))
         return self._stream.write(text)
 
     def flush(self):
-        self._file.flush()
+        self._to_file(self._file.flush)
         self._stream.flush()
+
+    def _to_file(self, action) -> None:
+        """A run directory that fails (a full disk) stops the copy, never the training's prints."""
+        if self._file is None:
+            return
+        try:
+            action()
+        except OSError:
+            self._file = None
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -366,10 +421,7 @@ def _quiet_worker(spec: JobSpec, rank: int, log_dir: str | None) -> None:
 
 def _flush_logs() -> None:
     if _LOG_FILE is not None:
-        _LOG_FILE.flush()
-
-
-def local_log_dir(run_uri: str) -> str | None:
-    """Worker logs go to <run_dir>/logs when the run directory is on a local or shared filesystem."""
-    loc = storage.resolve(run_uri)
-    return os.path.join(loc.path, "logs") if loc.is_local else None
+        try:
+            _LOG_FILE.flush()
+        except OSError:
+            pass  # a full or lost run directory: Ray's own worker logs still hold everything

@@ -7,13 +7,14 @@ import traceback
 from typing import Any
 
 from orchestrator.faults import WorkerFailure
+from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.session import WorkerSession
 
 log = logging.getLogger("orchestrator.worker")
 
 
 def train_worker(config: dict[str, Any]) -> None:
-    session = WorkerSession(config)
+    session = WorkerSession(WorkerConfig.from_config(config))
     if session.spec.kind == "lightning":
         from orchestrator.runtime.lightning_fit import train_lightning as harness
     else:

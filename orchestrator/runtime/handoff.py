@@ -1,0 +1,34 @@
+"""What the driver hands every worker: one typed, frozen record instead of a loose dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.spec import JobSpec
+
+# The key of the record in Ray Train's train_loop_config (which must be a dict).
+CONFIG_KEY = "orchestrator"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    spec: JobSpec
+    run_uri: str
+    # The driver's resume choice (None: a fresh run); a restarted group resumes from newer ones.
+    resume_uri: str | None
+    # The RunMonitor actor: events, heartbeats, resume points across restarts.
+    monitor: Any
+    # Where each rank's log goes (local and shared filesystems only).
+    log_dir: str | None
+    # The driver's writer lease on the run: every commit and deletion checks it is still current.
+    lease_generation: int | None
+    # The nonce of the storage marker the driver wrote: each worker must read it back.
+    storage_nonce: str | None
+
+    def to_config(self) -> dict[str, Any]:
+        return {CONFIG_KEY: self}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> WorkerConfig:
+        return config[CONFIG_KEY]
