@@ -1,8 +1,9 @@
 """Which checkpoint a run starts from, and why: the driver's half of `resume_from`.
 
-latest: the newest committed checkpoint that verifies (partial or corrupt ones are skipped with
-a warning naming them); none: a fresh run, refused if the run directory already holds
-checkpoints unless the user asks to overwrite; <uri>: exactly that checkpoint or a clear error.
+latest: the newest committed checkpoint, by its manifest and file sizes (partial or corrupt ones
+are skipped with a warning naming them; the worker group checks the hashes before loading it);
+none: a fresh run, refused if the run directory already holds checkpoints unless the user asks
+to overwrite; <uri>: exactly that checkpoint or a clear error.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
             store.delete(info)
         return ResumeChoice(None, None, "fresh run (resume_from: none)")
     if mode == "latest":
-        # Chosen from manifests and streamed hashes: the driver never holds a checkpoint's payload.
-        selection = store.latest_verified()
+        # Chosen from manifests and file sizes alone: the driver reads no payload. Rank 0 of the
+        # worker group checks every hash before training from it (runtime/session.py).
+        selection = store.latest_committed()
         if selection.info is None:
             why = "no committed checkpoint" + (f" ({len(selection.skipped)} skipped)" if selection.skipped else "")
             return ResumeChoice(None, None, f"fresh run: {why} in {store.root.uri}", warnings=selection.skipped)

@@ -38,6 +38,21 @@ def test_torch_job_killed_at_a_random_step_resumes_to_identical_weights(tmp_path
 
 
 @pytest.mark.timeout(500)
+def test_a_group_that_restarts_after_the_final_checkpoint_reports_the_loaded_models_fingerprint(tmp_path, clean_torch):
+    # Rank 0 dies right after its synchronous save of the final step (63) is committed: the new
+    # group starts with nothing left to train, and must still report the true weights.
+    final = 3 * STEPS_PER_EPOCH
+    fault = {"kill_at": final, "marker": str(tmp_path / "kill-marker"), "kill_rank": 0}
+    spec = torch_spec("ends-then-dies", tmp_path, "faulty:torch_loop_killed_once", fault, every=STEPS_PER_EPOCH)
+    spec["torch"]["max_steps"] = final
+    spec["checkpoint"]["async"] = False
+    result = orchestrator.run(spec, console=None)
+    assert result.restarts == 1 and result.starts[-1]["restored_step"] == final, result.starts
+    assert result.global_step == final
+    assert result.weights_sha256 == clean_torch.weights_sha256
+
+
+@pytest.mark.timeout(500)
 def test_lightning_job_killed_at_a_random_step_resumes_to_identical_weights(tmp_path, clean_lightning):
     clean = clean_lightning
     killed = orchestrator.run(lightning_spec("killed", tmp_path, "faulty.KilledOnceClassifier",

@@ -207,6 +207,22 @@ class CheckpointStore:
         """latest_loadable() holding no file in memory: a choice made from manifests and hashes."""
         return self.latest_loadable(_hold_nothing)
 
+    def latest_committed(self) -> Selection:
+        """The newest checkpoint whose manifest and file sizes are right, reading no payload.
+
+        The driver's choice: cheap whatever the checkpoint's size. The worker group's rank 0
+        then checks every hash before training from it, and falls back (announced) if one fails.
+        """
+        skipped: list[str] = []
+        for info in reversed(self.scan()):
+            if info.name.startswith(TMP_PREFIX):
+                continue
+            if info.status == "committed":
+                return Selection(info, {}, skipped)
+            skipped.append(f"skipped checkpoint {info.uri}: {info.problem or info.status}")
+            log.warning(skipped[-1])
+        return Selection(None, {}, skipped)
+
     def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None, *,
                  verify_all: bool = True) -> tuple[CheckpointInfo, dict[str, bytes]]:
         """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not."""
