@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -74,11 +75,19 @@ def write_atomic(loc: Location, data: bytes) -> None:
     only when its upload completes, so a direct write is already atomic there.
     """
     if loc.is_local:
-        loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
-        tmp = f"{loc.path}.tmp-{os.getpid()}"
-        with loc.fs.open_output_stream(tmp) as f:
+        parent = posixpath.dirname(loc.path)
+        loc.fs.create_dir(parent, recursive=True)
+        tmp = f"{loc.path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # durable before it gets the name: a crash never leaves it empty
         os.replace(tmp, loc.path)
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     else:
         write_bytes(loc, data)
 
