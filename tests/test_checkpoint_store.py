@@ -171,8 +171,14 @@ def test_sharded_async_writes_commit_on_rank_0_once_the_other_rank_wrote_its_sha
     sharded = manifest(10)
     sharded.sharded = True
     rank0.save_shard(sharded, "tok", 0, lambda: {"state-0.pt": dumps_state({"x": torch.zeros(3)})})
-    time.sleep(0.5)  # rank 0's shard is written; without rank 1's the checkpoint must not exist
+    # Rank 0's shard is whole once its receipt exists; without rank 1's the checkpoint must not.
+    receipt = os.path.join(store.root.path, f"{TMP_PREFIX}step-000000010-tok", "shard-00000-tok.json")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(receipt) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(receipt), "rank 0 never wrote its shard"
     assert store.committed() == [] and store.latest_loadable().info is None
+    assert rank0.last_committed is None, "rank 0 must still be waiting for rank 1's shard"
     rank1.save_shard(sharded, "tok", 1, lambda: {"state-1.pt": dumps_state({"x": torch.ones(3)})})
     rank1.close()
     rank0.close()
@@ -257,3 +263,46 @@ def test_an_interrupted_write_at_the_same_step_is_replaced_by_the_next_commit(st
     commit(store, 10)
     assert [i.status for i in store.scan()] == ["committed"]
     assert loaded_step(store) == 10
+
+
+def test_paths_and_enums_in_hyperparameters_are_saved_as_plain_values_and_anything_unsafe_is_named_at_save():
+    import collections
+    import enum
+    import pathlib
+
+    from orchestrator.checkpoint.serialization import UnsafeCheckpointValue, plain_state
+
+    class Mode(enum.Enum):
+        FAST = "fast"
+
+    point = collections.namedtuple("point", "x y")
+    state = {"hyper_parameters": collections.defaultdict(int, root=pathlib.Path("/data/x"), mode=Mode.FAST,
+                                                         at=point(1, 2)),
+             "state_dict": collections.OrderedDict(w=torch.ones(2))}
+    loaded = loads_state(dumps_state(plain_state(state)), source="test")  # weights_only=True
+    assert loaded["hyper_parameters"] == {"root": "/data/x", "mode": "fast", "at": (1, 2)}
+    assert torch.equal(loaded["state_dict"]["w"], torch.ones(2))
+
+    with pytest.raises(UnsafeCheckpointValue, match=r"checkpoint\.hyper_parameters\.loss_fn = .*save_hyperparameters"):
+        plain_state({"hyper_parameters": {"loss_fn": torch.nn.MSELoss()}})
+
+
+def test_a_rank_whose_receipt_lets_rank_0_commit_at_once_does_not_fail_on_the_renamed_folder(store, monkeypatch):
+    # Rank 0 renames the staging folder into place as soon as it sees the last receipt; the rank
+    # that wrote that receipt must not touch the folder afterwards (it once fsynced it: ENOENT).
+    import orchestrator.checkpoint.store as store_module
+
+    sharded = Manifest(step=7, epoch=0, batch_in_epoch=7, world_size=2, kind="torch", files={})
+    real_write_file = store_module.write_file
+
+    def write_then_rank_0_commits(loc, payload, **kwargs):
+        entry = real_write_file(loc, payload, **kwargs)
+        if loc.path.endswith("shard-00001-tok.json"):
+            store.commit_shards(sharded, "tok", timeout_s=5)
+        return entry
+
+    store.write_shard(7, "tok", 0, {"shard-0.pt": dumps_state({"rank": 0})})
+    monkeypatch.setattr(store_module, "write_file", write_then_rank_0_commits)
+    store.write_shard(7, "tok", 1, {"shard-1.pt": dumps_state({"rank": 1})})
+    (info,) = store.committed()
+    assert sorted(store.read_files(info)) == ["shard-0.pt", "shard-1.pt"]

@@ -367,12 +367,14 @@ class CheckpointStore:
         try:
             storage.ensure_dir(loc)
             entries = self._write_payloads(loc, files, step)
+            if loc.is_local:  # the shard's entries are durable before its receipt says it is whole
+                fsync_dir(loc.path)
             phases.reached("shard_written", step)
             # The shard's own receipt, written after its files: its presence means the shard is whole.
+            # Nothing of this folder is touched after it: rank 0 may rename the folder into place as
+            # soon as it sees the last receipt (and fsyncs the folder itself before that).
             receipt = {f: {"size": e.size, "sha256": e.sha256} for f, e in entries.items()}
             write_file(self._receipt(loc, rank, token), json.dumps(receipt).encode())
-            if loc.is_local:
-                fsync_dir(loc.path)
         except Exception as exc:
             if is_disk_full(exc):
                 raise storage_full_error(step, self.root, sum(payload_bytes(p) for p in files.values())) from None

@@ -2,26 +2,53 @@
 ORCHESTRATOR_TEST_UNREADABLE_RANK set (through the spec's env:), that rank's first attempt to
 read the checkpoint its worker group resumes from fails as a storage outage would (EIO). A marker
 file makes it happen once. Every other process started with this directory on its path is left
-alone."""
+alone.
+
+The store is patched when the worker first imports it, not here: importing it here would import
+torch before Ray Train sets the worker's OMP_NUM_THREADS, and torch would then compute with
+another thread count than an uninjected run (the same loss, other low bits in the weights).
+"""
 
 import os
 
 if os.environ.get("ORCHESTRATOR_TEST_UNREADABLE_RANK"):
-    import errno
+    import importlib.abc
+    import importlib.util
+    import sys
 
-    from orchestrator.checkpoint import store
+    STORE_MODULE = "orchestrator.checkpoint.store"
 
-    _rank = int(os.environ["ORCHESTRATOR_TEST_UNREADABLE_RANK"])
-    _marker = os.environ["ORCHESTRATOR_TEST_UNREADABLE_MARKER"]
-    _open_uri = store.CheckpointStore.open_uri
+    def _patch(store) -> None:
+        import errno
 
-    def open_uri(self, uri, keep=None, *, verify_all=True):
-        import ray.train
+        rank = int(os.environ["ORCHESTRATOR_TEST_UNREADABLE_RANK"])
+        marker = os.environ["ORCHESTRATOR_TEST_UNREADABLE_MARKER"]
+        real_open_uri = store.CheckpointStore.open_uri
 
-        if ray.train.get_context().get_world_rank() == _rank and not os.path.exists(_marker):
-            with open(_marker, "w") as f:
-                f.write(uri)
-            raise OSError(errno.EIO, "injected: the storage does not answer this node")
-        return _open_uri(self, uri, keep, verify_all=verify_all)
+        def open_uri(self, uri, keep=None, *, verify_all=True):
+            import ray.train
 
-    store.CheckpointStore.open_uri = open_uri
+            if ray.train.get_context().get_world_rank() == rank and not os.path.exists(marker):
+                with open(marker, "w") as f:
+                    f.write(uri)
+                raise OSError(errno.EIO, "injected: the storage does not answer this node")
+            return real_open_uri(self, uri, keep, verify_all=verify_all)
+
+        store.CheckpointStore.open_uri = open_uri
+
+    class _PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != STORE_MODULE:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                _patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _PatchOnImport())
