@@ -3,10 +3,15 @@
 Serialisation, checksums, upload and commit run on one background thread, with at most one
 write in flight: a new save first waits for the previous one. A failure in the background is
 kept and raised in the training loop at the next save or at `close()`, so it reaches the driver.
+
+The thread lives as long as the writer. One thread per save would cost memory: glibc gives each
+new thread a malloc arena of its own, and every arena keeps the read-back's freed buffers, so
+the process grew by ~17 MB a save (bench/README.md, "Commit latency and rank 0's memory").
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +29,9 @@ class AsyncCheckpointWriter:
         self.asynchronous = asynchronous
         self.on_commit = on_commit
         self._thread: threading.Thread | None = None
+        self._writes: queue.SimpleQueue[Callable[[], CheckpointInfo | None] | None] = queue.SimpleQueue()
+        self._idle = threading.Event()  # set while no write is queued or in flight
+        self._idle.set()
         self._error: BaseException | None = None
         # Seconds the caller was blocked inside save() (snapshot + waiting for the previous write).
         self.blocked_seconds = 0.0
@@ -56,9 +64,17 @@ class AsyncCheckpointWriter:
             self.blocked_seconds += time.perf_counter() - start
             self._raise_if_failed()
             return
-        self._thread = threading.Thread(target=self._write, args=(write,), name="checkpoint-writer", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._writes.put(write)
         self.blocked_seconds += time.perf_counter() - start
+
+    def _serve(self) -> None:
+        while (write := self._writes.get()) is not None:
+            self._write(write)
+            self._idle.set()
 
     def _write(self, write: Callable[[], CheckpointInfo | None]) -> None:
         try:
@@ -74,9 +90,7 @@ class AsyncCheckpointWriter:
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is committed; raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._idle.wait()
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
@@ -87,4 +101,11 @@ class AsyncCheckpointWriter:
             raise RuntimeError(f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:
-        self.wait()
+        """Wait for the write in flight (raising its error), then end the background thread."""
+        try:
+            self.wait()
+        finally:
+            if self._thread is not None:
+                self._writes.put(None)
+                self._thread.join()
+                self._thread = None
