@@ -84,6 +84,7 @@ class RunWatcher:
         self._thread = threading.Thread(target=self._loop, name="run-watcher", daemon=True)
         self._starts = 0
         self._size = 0
+        self._warned: set[str] = set()
         max_epochs = job.lightning.trainer.get("max_epochs") if job.lightning else job.torch.max_epochs
         self._epochs = f"/{max_epochs}" if max_epochs else ""
         # Capacity: whether a worker group is up, and the waits for placement measured.
@@ -194,6 +195,9 @@ class RunWatcher:
                 event["classification"], "restarting from the newest committed checkpoint")
             return f"failure ({event['classification']}): {ranks}; {then}"
         if kind == "warning":
+            if event["message"] in self._warned:  # each group restart repeats it: said once
+                return None
+            self._warned.add(event["message"])
             return f"warning: {event['message']}"
         if kind == "resume_fallback":
             return (f"warning: checkpoint {event['wanted']} could not be read ({event['cause']}); "

@@ -21,6 +21,12 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import SpecError
+from orchestrator.spec_callbacks import (
+    check_lightning_class,
+    checkpoint_settings,
+    is_model_checkpoint,
+    merge_checkpoint,
+)
 
 DEFAULT_STORAGE = "~/orchestrator-runs"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -36,7 +42,7 @@ OWNED_TRAINER_ARGS = {
     "plugins": "the orchestrator installs Ray's cluster environment plugin",
     "enable_checkpointing": "checkpoints are configured under checkpoint:",
     "default_root_dir": "the run directory is <storage>/<name>",
-    "callbacks": "callbacks are not yet configurable from the spec",
+    "callbacks": "list them under lightning.callbacks as {class_path, init_args}",
 }
 
 
@@ -63,6 +69,9 @@ class LightningSpec:
     trainer: dict[str, Any]
     # ddp is the only strategy built so far on this path (fsdp: see TorchSpec.strategy).
     strategy: str = "ddp"
+    # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
+    # translated into the checkpoint: section instead: orchestrator/spec_callbacks.py).
+    callbacks: list[ClassRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -289,7 +298,11 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
             "'lightning:' with model/data class_paths for a LightningModule, or 'torch:' with "
             "train_loop: 'module:function' for a plain PyTorch loop."
         )
-    lightning = _lightning(raw["lightning"], check_imports) if has_lightning else None
+    lightning, model_checkpoint = _lightning(raw["lightning"], check_imports) if has_lightning else (None, {})
+    raw_checkpoint = raw.get("checkpoint") or {}
+    if model_checkpoint:
+        _mapping(raw_checkpoint, "checkpoint")
+        raw_checkpoint = merge_checkpoint(raw_checkpoint, model_checkpoint, "lightning.callbacks")
     torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
     scaling = _scaling(raw.get("scaling") or {})
     if lightning is not None:
@@ -302,18 +315,23 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         lightning=lightning,
         torch=torch_spec,
         scaling=scaling,
-        checkpoint=_checkpoint(raw.get("checkpoint") or {}),
+        checkpoint=_checkpoint(raw_checkpoint),
         failure=_failure(raw.get("failure") or {}),
         env=_env(raw.get("env") or {}),
     )
 
 
-def _lightning(raw: Any, check_imports: bool) -> LightningSpec:
+def _lightning(raw: Any, check_imports: bool) -> tuple[LightningSpec, dict[str, Any]]:
+    """The Lightning section, and the checkpoint: fields a ModelCheckpoint among its callbacks stands for."""
     path = "lightning"
     _mapping(raw, path)
     _check_keys(raw, LightningSpec, path)
     model = _class_ref(_require(raw, "model", path, dict), f"{path}.model", check_imports)
     data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
+    if check_imports:
+        for ref, role in ((model, "model"), (data, "data")):
+            cls = import_object(ref.class_path, f"{path}.{role}.class_path")
+            check_lightning_class(cls, ref.class_path, f"{path}.{role}.class_path", role)
     trainer = dict(_optional(raw, "trainer", path, dict, {}))
     strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
     if strategy not in LIGHTNING_STRATEGIES:
@@ -329,7 +347,34 @@ def _lightning(raw: Any, check_imports: bool) -> LightningSpec:
             "for Lightning's default of 1000 epochs. Fix: set lightning.trainer.max_epochs (e.g. 5) "
             "or lightning.trainer.max_steps."
         )
-    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy)
+    callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks", check_imports)
+    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy,
+                         callbacks=callbacks), model_checkpoint
+
+
+def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef], dict[str, Any]]:
+    if raw is None:
+        return [], {}
+    if not isinstance(raw, (list, tuple)):
+        raise SpecError(f"field '{path}': got {_describe(raw)}; it must be a list of {{class_path, init_args}}. "
+                        "Fix: e.g. callbacks: [{class_path: lightning.pytorch.callbacks.EarlyStopping, "
+                        "init_args: {monitor: val_loss}}].")
+    callbacks, model_checkpoint = [], {}
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        _mapping(item, where)
+        ref = _class_ref(item, where, check_imports)
+        cls = import_object(ref.class_path, f"{where}.class_path") if check_imports else None
+        if cls is not None:
+            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "callbacks")
+        if is_model_checkpoint(ref.class_path, cls):
+            if model_checkpoint:
+                raise SpecError(f"field '{where}': a second ModelCheckpoint; the run has one store and one "
+                                "retention policy. Fix: keep one ModelCheckpoint (or none, and use checkpoint:).")
+            model_checkpoint = checkpoint_settings(ref.init_args, where)
+            continue
+        callbacks.append(ref)
+    return callbacks, model_checkpoint
 
 
 def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> None:
@@ -487,7 +532,9 @@ def _checkpoint(raw: Any) -> CheckpointSpec:
         every_n_steps=_int(raw, "every_n_steps", path, None, minimum=1),
         every_n_seconds=float(every_s) if every_s is not None else None,
         at_epoch_end=_bool(raw, "at_epoch_end", path, True),
-        keep_last=_int(raw, "keep_last", path, 3, minimum=1),
+        # Written out as null: keep every checkpoint (absent: the default, 3).
+        keep_last=None if "keep_last" in raw and raw["keep_last"] is None else _int(raw, "keep_last", path, 3,
+                                                                                     minimum=1),
         keep_best=_keep_best(raw.get("keep_best")),
         async_save=_bool(raw, "async_save", path, True),
         on_preemption=_bool(raw, "on_preemption", path, True),

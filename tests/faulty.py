@@ -7,9 +7,13 @@ Nothing here changes what is trained: killed and clean runs must end with the sa
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
 from pathlib import Path
+
+import pytorch_lightning
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from jobs.digits import DigitsClassifier
 from jobs.digits_torch import train_loop as digits_train_loop
@@ -86,10 +90,18 @@ def torch_loop_killed_once(ctx) -> None:
                                              fault.get("kill_rank", 1)))
 
 
-class KilledOnceClassifier(DigitsClassifier):
-    """The quickstart model; the worker of rank `kill_rank` dies after optimizer step `kill_at`."""
+class Split(enum.Enum):
+    TRAIN = "train"
 
-    def __init__(self, kill_at: int, marker: str, kill_rank: int = 1, **kwargs):
+
+class KilledOnceClassifier(DigitsClassifier):
+    """The quickstart model; the worker of rank `kill_rank` dies after optimizer step `kill_at`.
+
+    Its hyperparameters hold a path and an enum, as users' modules do (`save_hyperparameters()`
+    records them); the checkpoint it resumes from must still load without unpickling them."""
+
+    def __init__(self, kill_at: int, marker: str, kill_rank: int = 1, cache_dir: Path = Path("cache"),
+                 split: Split = Split.TRAIN, **kwargs):
         super().__init__(**kwargs)
         self._fault = (marker, kill_at, kill_rank)
 
@@ -168,3 +180,11 @@ class SlowClassifier(DigitsClassifier):
         sleep_s, marker, mark_at = self._slow
         time.sleep(sleep_s)
         _mark(marker, self.trainer.global_step, mark_at, self.global_rank)
+
+
+class CustomCheckpoint(ModelCheckpoint):
+    """A user's own ModelCheckpoint subclass: refused by the spec (a second checkpoint mechanism)."""
+
+
+class OldPackageModel(pytorch_lightning.LightningModule):
+    """A module written against the older package name: refused with the import to change."""

@@ -94,6 +94,25 @@ BAD_SPECS = [
     ("hang timeout too short", with_(TORCH, "failure.hang_timeout_s", 1), ["failure.hang_timeout_s", "1 (int)", "at least 5"]),
     ("hang timeout not a number", with_(TORCH, "failure.hang_timeout_s", "1m"), ["failure.hang_timeout_s", "'1m'", "seconds"]),
     ("capacity timeout too short", with_(TORCH, "failure.capacity_timeout_s", 0), ["failure.capacity_timeout_s", "at least 10"]),
+    ("callbacks in trainer", with_(LIGHTNING, "lightning.trainer.callbacks", []), ["lightning.trainer.callbacks", "lightning.callbacks"]),
+    ("callbacks not a list", with_(LIGHTNING, "lightning.callbacks", {"class_path": "x.Y"}), ["lightning.callbacks", "list of"]),
+    ("callback missing", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.EarlyStop"}]),
+     ["lightning.callbacks[0].class_path", "did you mean 'EarlyStopping'"]),
+    ("model checkpoint dirpath", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": "/ckpt"}}]),
+     ["lightning.callbacks[0].init_args.dirpath", "<storage>/<name>/checkpoints", "remove it"]),
+    ("model checkpoint top 0", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": 0}}]),
+     ["save_top_k", "0 would keep no checkpoint"]),
+    ("model checkpoint subclass", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "faulty.CustomCheckpoint"}]),
+     ["'faulty.CustomCheckpoint'", "subclass of ModelCheckpoint", "checkpoint.keep_best"]),
+    ("module on the old package name", with_(LIGHTNING, "lightning.model.class_path", "faulty.OldPackageModel"),
+     ["lightning.model.class_path", "pytorch_lightning.LightningModule", "import lightning.pytorch as pl"]),
+    ("model that is not a module", with_(LIGHTNING, "lightning.model.class_path", "jobs.digits.DigitsData"),
+     ["lightning.model.class_path", "not a lightning.pytorch.LightningModule"]),
+    ("callback that is not one", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "jobs.digits.DigitsData"}]),
+     ["lightning.callbacks[0].class_path", "not a lightning.pytorch.Callback"]),
+    ("model checkpoint against keep_best", with_(with_(LIGHTNING, "checkpoint.keep_best", {"k": 3, "monitor": "val_acc"}),
+     "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": 2, "monitor": "val_loss"}}]),
+     ["checkpoint.keep_best", "conflicts with", "in one place only"]),
 ]
 
 
@@ -177,3 +196,24 @@ def test_the_shipped_job_specs_are_valid():
     assert resolve_spec("jobs/quickstart.yaml").kind == "lightning"
     assert resolve_spec("jobs/digits_torch.yaml").kind == "torch"
     assert resolve_spec("jobs/digits_fsdp.yaml").torch.strategy == "fsdp"
+    gpt = resolve_spec("jobs/gpt.yaml")
+    assert [c.class_path for c in gpt.lightning.callbacks] == ["lightning.pytorch.callbacks.EarlyStopping"]
+    assert gpt.checkpoint.keep_best.monitor == "val_loss"
+
+
+def test_callbacks_are_kept_and_a_model_checkpoint_becomes_the_stores_retention():
+    raw = with_(LIGHTNING, "lightning.callbacks", [
+        {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val_loss"}},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": 2, "monitor": "val_acc", "mode": "max",
+                                               "every_n_train_steps": 25, "save_last": True}},
+    ])
+    spec = validate(raw)
+    assert [c.class_path for c in spec.lightning.callbacks] == ["lightning.pytorch.callbacks.EarlyStopping"]
+    assert spec.lightning.callbacks[0].init_args == {"monitor": "val_loss"}
+    best = spec.checkpoint.keep_best
+    assert (best.k, best.monitor, best.mode) == (2, "val_acc", "max")
+    assert spec.checkpoint.keep_last == 1 and spec.checkpoint.every_n_steps == 25
+    assert validate(spec.to_dict()) == spec  # what the driver hands on validates to the same spec
+
+    keep_all = validate(with_(LIGHTNING, "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": -1}}]))
+    assert keep_all.checkpoint.keep_last is None and keep_all.checkpoint.keep_best is None

@@ -9,8 +9,9 @@ What we add to a plain `Trainer.fit`:
   sample (by itself Lightning replays the epoch from its start);
 - with scaling.global_batch_size, the loader's batch size and accumulate_grad_batches are chosen
   for the world size so that every optimizer step sees the same samples;
-- checkpoints go through our store (atomic, checksummed, asynchronous), at the steps the spec
-  asks for, with every rank's RNG state, and are loaded with weights_only=True;
+- checkpoints go through our store (atomic, checksummed, asynchronous) by Lightning's public
+  CheckpointIO plugin, at the steps the spec asks for, with every rank's RNG state, and are
+  loaded with weights_only=True and handed to Lightning from memory;
 - the final model fingerprint and metrics go to the driver.
 """
 
@@ -23,11 +24,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from orchestrator.checkpoint import Serialized, loads_state
+from orchestrator.checkpoint.serialization import plain_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
@@ -39,6 +42,8 @@ from orchestrator.runtime.train_state import Progress
 log = logging.getLogger("orchestrator.worker")
 
 CKPT_FILE = "lightning.ckpt"
+# The "path" Lightning is given to save to and resume from: StoreCheckpointIO maps it to the store.
+STORE_PATH_PREFIX = "orchestrator-store://"
 # Extra key in Lightning's checkpoint dict: our per-rank state (RNG), in rank order.
 RANKS_KEY = "orchestrator_ranks"
 # Extra key: the training data's global position, {"epoch": e, "consumed": samples}.
@@ -61,6 +66,33 @@ class TrainOrder:
             self.tracker, self._tracked_epoch = StepTracker(self.sampler), epoch
         self.tracker.advance()
         return self.tracker.step_due, self.tracker.consumed
+
+
+class StoreCheckpointIO(CheckpointIO):
+    """Lightning's checkpoints go through this public plugin into the orchestrator's store.
+
+    Saving: `trainer.save_checkpoint(...)` builds Lightning's own checkpoint dict and hands it
+    here on rank 0; `on_save` adds our state and commits it. Loading: `fit(ckpt_path=...)` asks
+    for the checkpoint the worker group resumes from, which is already in memory (read,
+    checksummed and loaded with weights_only=True): no copy of it is written anywhere.
+    """
+
+    def __init__(self, on_save, restored: dict[str, Any] | None):
+        self._on_save = on_save
+        self._restored = restored
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        self._on_save(checkpoint)
+
+    def load_checkpoint(self, path, map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        if self._restored is None:
+            raise RuntimeError(f"no checkpoint to resume from was loaded for {path}")
+        restored, self._restored = self._restored, None  # handed over once: Lightning owns it now
+        return restored
+
+    def remove_checkpoint(self, path) -> None:
+        pass  # retention is the store's
 
 
 class OrchestratorCallback(Callback):
@@ -112,6 +144,11 @@ class OrchestratorCallback(Callback):
     def on_validation_start(self, trainer, pl_module):
         self.session.heartbeat.enter(VALIDATION)
 
+    def on_validation_end(self, trainer, pl_module):
+        """The checkpoints saved from now on carry the new validation metrics (keep_best ranks by them)."""
+        if not trainer.sanity_checking:
+            self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
+
     def on_sanity_check_start(self, trainer, pl_module):
         self.session.heartbeat.enter(VALIDATION)
 
@@ -155,26 +192,32 @@ class OrchestratorCallback(Callback):
             self._snapshot_and_commit(trainer, reason)
 
     def _snapshot_and_commit(self, trainer: pl.Trainer, reason: str) -> None:
-        ranks = self.session.gather({"rng": capture_rng()})
-        # Lightning's own checkpoint dict (model, optimizers, schedulers, loops and the stateful
-        # loader's position); taken on every rank, as Trainer.save_checkpoint does.
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        self._ranks = self.session.gather({"rng": capture_rng()})
+        self._reason = reason
+        # Lightning's own checkpoint dict (model, optimizers, schedulers, loops), built on every
+        # rank by the public API; on rank 0 it arrives in StoreCheckpointIO -> commit_checkpoint.
+        trainer.save_checkpoint(f"{STORE_PATH_PREFIX}{reason}", weights_only=False)
         if self.session.rank != 0:
             self.session.commit(self.progress, reason, dict)
-            return
-        checkpoint[RANKS_KEY] = ranks
+
+    def commit_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Rank 0: Lightning's checkpoint dict plus our state, snapshotted and handed to the writer."""
+        checkpoint[RANKS_KEY] = self._ranks
         checkpoint[DATA_KEY] = {"epoch": self.progress.epoch, "consumed": self.progress.consumed}
+        # Paths and enums in hyperparameters become plain values; anything that could only be
+        # unpickled is refused now, naming it, rather than at the first resume.
+        checkpoint = plain_state(checkpoint)
         snapshot = self.session.snapshot(checkpoint)
-        self.session.commit(self.progress, reason, lambda: {CKPT_FILE: Serialized(snapshot)})
+        self.session.commit(self.progress, self._reason, lambda: {CKPT_FILE: Serialized(snapshot)})
 
 
 SCRATCH_PREFIX = "orchestrator-lightning-"
 
 
 def train_lightning(session: WorkerSession) -> None:
-    # Lightning's root dir and the copy of the checkpoint it resumes from live in a scratch
-    # folder of this worker that goes with it (a checkpoint can be gigabytes). A worker that was
-    # killed cannot remove its own: the next one on the machine does.
+    # Lightning's root dir is a scratch folder of this worker that goes with it (nothing of
+    # ours is written there: checkpoints go to the store through StoreCheckpointIO). A worker
+    # that was killed cannot remove its own: the next one on the machine does.
     _remove_scratch_of_dead_workers()
     with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:
         _train(session, scratch)
@@ -199,11 +242,13 @@ def _train(session: WorkerSession, scratch: str) -> None:
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = spec.data.build()
-    ckpt_path, pending_rng, position = _prepare_resume(session, restored, scratch)
+    restored_state, pending_rng, position = _prepare_resume(session, restored)
     order = TrainOrder()
     _use_global_order_train_loader(datamodule, session, position, order)
 
     callback = OrchestratorCallback(session, pending_rng, order)
+    checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
+    ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
     # Quiet by default (the driver prints progress); a user's own value wins.
     trainer_args = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, **spec.trainer}
     trainer = pl.Trainer(
@@ -211,8 +256,8 @@ def _train(session: WorkerSession, scratch: str) -> None:
         devices="auto",
         accelerator="gpu" if session.spec.scaling.use_gpu else "cpu",
         strategy=RayDDPStrategy(),
-        plugins=[RayLightningEnvironment()],
-        callbacks=[callback],
+        plugins=[RayLightningEnvironment(), checkpoint_io],
+        callbacks=[callback, *(ref.build() for ref in spec.callbacks)],
         enable_checkpointing=False,
         default_root_dir=scratch,
     )
@@ -234,22 +279,18 @@ def _train(session: WorkerSession, scratch: str) -> None:
     session.finish(callback.progress, fingerprint, test_metrics)
 
 
-def _prepare_resume(session: WorkerSession, restored: Restored | None,
-                    scratch: str) -> tuple[str | None, dict | None, dict[str, int]]:
-    """Write the chosen checkpoint where Lightning can load it; pick out this rank's RNG state and
+def _prepare_resume(session: WorkerSession, restored: Restored | None
+                    ) -> tuple[dict[str, Any] | None, dict | None, dict[str, int]]:
+    """The checkpoint the group resumes from, loaded (weights_only: unsafe content is refused with
+    a clear message) for Lightning to take through StoreCheckpointIO; this rank's RNG state; and
     the training data's position."""
     if restored is None:
         return None, None, {"epoch": 0, "consumed": 0}
-    data = restored.files[CKPT_FILE]
-    # Our own weights_only load first: it refuses unsafe content with a clear message.
-    state = loads_state(data, source=f"{restored.info.uri}/{CKPT_FILE}")
-    ranks = state.get(RANKS_KEY) or []
+    state = loads_state(restored.files.pop(CKPT_FILE), source=f"{restored.info.uri}/{CKPT_FILE}")
+    ranks = state.pop(RANKS_KEY, None) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
-    position = state.get(DATA_KEY) or {"epoch": restored.manifest.epoch, "consumed": restored.manifest.consumed}
-    path = os.path.join(scratch, CKPT_FILE)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path, pending, {"epoch": int(position["epoch"]), "consumed": int(position["consumed"])}
+    position = state.pop(DATA_KEY, None) or {"epoch": restored.manifest.epoch, "consumed": restored.manifest.consumed}
+    return state, pending, {"epoch": int(position["epoch"]), "consumed": int(position["consumed"])}
 
 
 class _PositionedLoader(DataLoader):
@@ -267,22 +308,27 @@ def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: 
                                    position: dict[str, int], order: TrainOrder) -> None:
     """Make the datamodule's train_dataloader() follow the global order, without changing the user's class.
 
-    The rebuilt loader keeps the dataset, collate function and worker settings; its batch size is
-    the user's, or with scaling.global_batch_size the largest micro-batch up to it that splits this
-    rank's share, with Trainer.accumulate_grad_batches set to match. A loader with its own batch
-    sampler, or over an iterable dataset, is kept as the user wrote it (and resumes as Lightning does).
+    The rebuilt loader keeps every setting of the user's (collate function, workers,
+    worker_init_fn, generator, prefetch...); its batch size is the user's, or with
+    scaling.global_batch_size the largest micro-batch up to it that splits this rank's share, with
+    Trainer.accumulate_grad_batches set to match. A loader the global order cannot take over is
+    never changed silently (`_kept_as_written`): its sampling stays the user's, and the driver
+    says once how it resumes.
     """
     original_cls = type(datamodule)
     spec = session.spec
 
     def train_dataloader(self):
         loader = original_cls.train_dataloader(self)
-        if not isinstance(loader, DataLoader) or isinstance(loader, _PositionedLoader):
-            return loader
-        custom_batches = loader.batch_sampler is not None and loader.batch_size is None
-        if custom_batches or isinstance(loader.dataset, IterableDataset):
+        if not isinstance(loader, DataLoader) or isinstance(loader, (_PositionedLoader, _RankShardedLoader)):
             return loader
         world, rank = session.world_size, session.rank
+        kept = _kept_as_written(loader, world, rank)
+        if kept is not None:
+            loader, note = kept
+            if rank == 0:
+                session.note_once(note)
+            return loader
         global_batch = spec.scaling.global_batch_size
         if global_batch:
             micro, accumulation = split_global_batch(global_batch, world, loader.batch_size)
@@ -296,13 +342,66 @@ def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: 
         sampler.start_at(position["epoch"], position["consumed"])
         sampler.set_epoch(position["epoch"])
         order.sampler = sampler
-        return _PositionedLoader(
-            loader.dataset, batch_size=micro, sampler=sampler, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-            persistent_workers=loader.persistent_workers if loader.num_workers else False,
-        )
+        return _PositionedLoader(loader.dataset, batch_size=micro, sampler=sampler, **_loader_settings(loader))
 
     datamodule.__class__ = type(original_cls.__name__, (original_cls,), {"train_dataloader": train_dataloader})
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    """Everything of a DataLoader's own configuration except its dataset, batching and sampling."""
+    settings = {"num_workers": loader.num_workers, "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
+                "timeout": loader.timeout, "worker_init_fn": loader.worker_init_fn, "generator": loader.generator,
+                "multiprocessing_context": loader.multiprocessing_context}
+    if loader.num_workers:
+        settings.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    return settings
+
+
+def _kept_as_written(loader: DataLoader, world: int, rank: int) -> tuple[DataLoader, str] | None:
+    """A training loader the global order cannot take over, and what the driver should say about it.
+
+    - An IterableDataset: every rank takes one sample of each `world` consecutive ones of the
+      user's stream (an incomplete last group is dropped, so every rank runs the same steps).
+    - Its own sampler or batch sampler (a WeightedRandomSampler...): Lightning shards it over the
+      ranks as under plain Trainer.fit (DistributedSamplerWrapper), so its weighting is kept.
+    Neither has a position to resume from: a resume in the middle of an epoch starts that
+    epoch's data again, as Lightning does for such loaders.
+    """
+    name = type(loader.dataset).__name__
+    if isinstance(loader.dataset, IterableDataset):
+        note = (f"the training loader reads an IterableDataset ({name}): each rank takes one sample of every "
+                f"{world} in a row of its stream, and a resume in the middle of an epoch starts that epoch's "
+                "stream again from its beginning (exact mid-epoch resume needs a map-style Dataset)")
+        return _RankShardedLoader(_RankShard(loader.dataset, world, rank), batch_size=loader.batch_size,
+                                  drop_last=loader.drop_last, **_loader_settings(loader)), note
+    custom_batches = loader.batch_sampler is not None and loader.batch_size is None
+    sampler = loader.batch_sampler if custom_batches else loader.sampler
+    if custom_batches or not isinstance(sampler, (RandomSampler, SequentialSampler)):
+        note = (f"the training loader uses its own {'batch sampler' if custom_batches else 'sampler'} "
+                f"({type(sampler).__name__}): it is kept, and sharded over the ranks as Lightning does; a resume "
+                "in the middle of an epoch starts that epoch's sampling again, and scaling.global_batch_size "
+                "does not apply to it")
+        return loader, note
+    return None
+
+
+class _RankShard(IterableDataset):
+    """One rank's share of a user's stream: sample `rank` of each `world` consecutive samples."""
+
+    def __init__(self, dataset: IterableDataset, world: int, rank: int):
+        self.dataset, self.world, self.rank = dataset, world, rank
+
+    def __iter__(self):
+        group = []
+        for sample in self.dataset:
+            group.append(sample)
+            if len(group) == self.world:
+                yield group[self.rank]
+                group = []
+
+
+class _RankShardedLoader(DataLoader):
+    """The rebuilt loader over a rank's share of an iterable dataset (recognised, not rebuilt twice)."""
 
 
 def _has_test(model: pl.LightningModule, datamodule: pl.LightningDataModule) -> bool:

@@ -199,6 +199,10 @@ class WorkerSession:
             restored_step=restored.info.step if restored else None,
         )
 
+    def note_once(self, message: str) -> None:
+        """A statement for the driver's output (how a loader resumes...); printed once per run."""
+        self.monitor.push.remote("warning", message=message)
+
     # --- progress -----------------------------------------------------------------------------
 
     def count_samples(self, n: int) -> None:

@@ -1,0 +1,69 @@
+"""Lightning options as users set them: callbacks from the spec (their own and Lightning's),
+ModelCheckpoint's retention carried out by the store, hyperparameters holding a path and an
+enum that a later run continues from, and no scratch left in the temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+import orchestrator
+from orchestrator.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+def scratch_in_tmp() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("orchestrator-")}
+
+
+def recorded(folder) -> list[dict]:
+    lines = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            lines += [json.loads(line) for line in f]
+    return lines
+
+
+@pytest.mark.timeout(400)
+def test_callbacks_from_the_spec_run_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    spec = {
+        "name": "options", "storage": str(tmp_path / "runs"), "seed": 0,
+        "lightning": {
+            "model": {"class_path": "lightning_data_jobs.PathsClassifier",
+                      "init_args": {"hidden": 32}},  # cache_dir and split: a Path and an enum by default
+            "data": {"class_path": "jobs.digits.DigitsData", "init_args": {"batch_size": 64}},
+            "trainer": {"max_epochs": 4},
+            "callbacks": [
+                {"class_path": "lightning_data_jobs.EpochRecorder", "init_args": {"folder": str(records)}},
+                # mode max keeps the *worst* two epochs: not what keep_last would keep.
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                 "init_args": {"save_top_k": 2, "monitor": "val_loss", "mode": "max"}},
+            ],
+        },
+        "scaling": {"num_workers": 2},
+    }
+    before = scratch_in_tmp()
+    first = orchestrator.run(spec, console=None)
+    assert first.status == "finished", first.error
+    epochs = [line for line in recorded(records) if line["rank"] == 0]
+    assert [line["epoch"] for line in epochs] == [0, 1, 2, 3], "the user's callback ran at every epoch end"
+    assert {line["rank"] for line in recorded(records)} == {0, 1}, "and on every rank"
+
+    worst_two = sorted(epochs, key=lambda line: line["val_loss"], reverse=True)[:2]
+    expected = {line["step"] for line in worst_two} | {first.global_step}
+    store = CheckpointStore.for_run(first.run_dir)
+    assert {info.step for info in store.committed()} == expected, "ModelCheckpoint(save_top_k=2, mode=max) + newest"
+
+    # Continued for one more epoch: the checkpoint holds a path and an enum in its hparams.
+    spec["lightning"]["trainer"]["max_epochs"] = 5
+    again = orchestrator.run(spec, console=None)
+    assert again.status == "finished", again.error
+    assert again.resumed_from.get("step") == first.global_step
+    assert again.epochs == 5 and again.global_step > first.global_step
+    assert scratch_in_tmp() == before, "a run and its resume leave nothing in the temp dir"
