@@ -19,7 +19,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR = 0, 1, 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own mistakes are user errors too: exit 2, no traceback
         self.print_usage(sys.stderr)
-        raise UserError(f"{message}. Fix: see `orchestrator {self.prog.split()[-1]} --help`.")
+        raise UserError(f"{message}. Fix: see `{self.prog} --help`.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = commands.add_parser("run", help="train a job spec")
-    run.add_argument("spec", help="path to a YAML job spec")
+    run.add_argument("spec", nargs="?", help="path to a YAML job spec (optional with --lightning-config)")
+    run.add_argument("--lightning-config", dest="lightning_config", metavar="PATH",
+                     help="a LightningCLI config file (model, data, trainer): the spec's Lightning section; "
+                          "without SPEC the run is named after the file")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a spec field, e.g. --set scaling.num_workers=4 (repeatable)")
     run.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
@@ -76,12 +79,28 @@ def _run(args: argparse.Namespace) -> int:
         overrides["storage"] = args.storage
     if args.resume_from:
         overrides["resume_from"] = args.resume_from
-    spec = resolve_spec(args.spec, overrides)  # validate before paying for Ray start-up
+    if args.lightning_config:
+        overrides["lightning.config"] = args.lightning_config
+    spec = resolve_spec(_spec_source(args), overrides)  # validate before paying for Ray start-up
 
     from orchestrator.launch import run
 
     run(spec, address=args.address, overwrite=args.overwrite)
     return EXIT_OK
+
+
+def _spec_source(args: argparse.Namespace):
+    """The spec file, or with only --lightning-config a spec named after that file."""
+    if args.spec:
+        return args.spec
+    if not args.lightning_config:
+        raise UserError("orchestrator run needs a job spec, a LightningCLI config, or both. Fix: "
+                        "`orchestrator run SPEC.yaml` or `orchestrator run --lightning-config config.yaml`.")
+    import os
+    import re
+
+    stem = os.path.splitext(os.path.basename(args.lightning_config))[0]
+    return {"name": re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "lightning-run", "lightning": {}}
 
 
 def _checkpoints(args: argparse.Namespace) -> int:

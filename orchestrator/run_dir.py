@@ -6,6 +6,7 @@
     leases/                 one claim file per lease generation, for exclusive takeovers
     storage-marker.json     written by the driver at start; every worker must read it back
     logs/                   the workers' log files (local and shared filesystems only)
+    logs/lightning/<kind>/  Lightning loggers from the spec (csv, tensorboard, ...), continued by resumes
     _ray/                   Ray Train's own run state
 """
 
@@ -64,6 +65,11 @@ class RunDir:
     def logs(self) -> str | None:
         """Worker logs live here when the run directory is on a local or shared filesystem."""
         return self.location.join("logs").path if self.location.is_local else None
+
+    @property
+    def lightning_logs(self) -> str | None:
+        """Where Lightning loggers from the spec write, one folder per kind (local and shared filesystems)."""
+        return self.location.join("logs").join("lightning").path if self.location.is_local else None
 
 
 # --- the storage marker: is the run directory the same for every node? --------------------------

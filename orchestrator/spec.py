@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import SpecError
+from orchestrator.lightning_cli_config import merge_lightning_config
 from orchestrator.spec_callbacks import (
     check_lightning_class,
     checkpoint_settings,
@@ -43,6 +44,7 @@ OWNED_TRAINER_ARGS = {
     "enable_checkpointing": "checkpoints are configured under checkpoint:",
     "default_root_dir": "the run directory is <storage>/<name>",
     "callbacks": "list them under lightning.callbacks as {class_path, init_args}",
+    "logger": "name loggers under lightning.logger as {class_path, init_args}; they write into the run directory",
 }
 
 
@@ -72,6 +74,9 @@ class LightningSpec:
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
     # translated into the checkpoint: section instead: orchestrator/spec_callbacks.py).
     callbacks: list[ClassRef] = field(default_factory=list)
+    # Lightning loggers, built in every worker (they write from rank 0) into
+    # <run>/logs/lightning/<kind>/ unless their init_args name a save_dir.
+    logger: list[ClassRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,7 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         return raw
     if not isinstance(raw, Mapping):
         raise SpecError(f"a job spec must be a mapping of fields, got {_describe(raw)}.")
+    raw = merge_lightning_config(dict(raw))
     _check_keys(raw, JobSpec, "")
     name = _require(raw, "name", "", str, example="digits-ddp")
     if not NAME_PATTERN.match(name):
@@ -307,6 +313,7 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
     scaling = _scaling(raw.get("scaling") or {})
     if lightning is not None:
         _check_lightning_scaling(lightning, scaling)
+        _check_logger_storage(lightning, storage)
     return JobSpec(
         name=name,
         storage=storage,
@@ -333,6 +340,8 @@ def _lightning(raw: Any, check_imports: bool) -> tuple[LightningSpec, dict[str, 
             cls = import_object(ref.class_path, f"{path}.{role}.class_path")
             check_lightning_class(cls, ref.class_path, f"{path}.{role}.class_path", role)
     trainer = dict(_optional(raw, "trainer", path, dict, {}))
+    if trainer.get("logger") in (False, None):
+        trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
     strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
     if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
@@ -348,8 +357,28 @@ def _lightning(raw: Any, check_imports: bool) -> tuple[LightningSpec, dict[str, 
             "or lightning.trainer.max_steps."
         )
     callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks", check_imports)
+    loggers = _loggers(raw.get("logger"), f"{path}.logger", check_imports)
     return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy,
-                         callbacks=callbacks), model_checkpoint
+                         callbacks=callbacks, logger=loggers), model_checkpoint
+
+
+def _loggers(raw: Any, path: str, check_imports: bool) -> list[ClassRef]:
+    if raw is None or raw is False:
+        return []
+    items = [raw] if isinstance(raw, Mapping) else raw
+    if not isinstance(items, (list, tuple)):
+        raise SpecError(f"field '{path}': got {_describe(raw)}; it must be one {{class_path, init_args}} or a list "
+                        "of them. Fix: e.g. logger: {class_path: lightning.pytorch.loggers.CSVLogger}.")
+    loggers = []
+    for i, item in enumerate(items):
+        where = path if isinstance(raw, Mapping) else f"{path}[{i}]"
+        _mapping(item, where)
+        ref = _class_ref(item, where, check_imports)
+        if check_imports:
+            cls = import_object(ref.class_path, f"{where}.class_path")
+            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "logger")
+        loggers.append(ref)
+    return loggers
 
 
 def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef], dict[str, Any]]:
@@ -394,6 +423,20 @@ def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> 
             f"scaling.num_workers [{scaling.min_workers}, {scaling.num_workers}]: a fixed accumulation "
             "makes the samples per optimizer step change with the world size. Fix: remove it and set "
             "scaling.global_batch_size (held constant at every size; the accumulation is chosen for you).")
+
+
+def _check_logger_storage(lightning: LightningSpec, storage: str) -> None:
+    """Loggers write into the run directory only when it is a filesystem path."""
+    if "://" not in storage or storage.startswith("file://"):
+        return
+    for i, ref in enumerate(lightning.logger):
+        if "save_dir" not in ref.init_args:
+            raise SpecError(
+                f"field 'lightning.logger': {ref.class_path} would write into the run directory, but storage "
+                f"{storage!r} is an object store, where Lightning's loggers do not write by default. Fix: set "
+                f"lightning.logger{'' if len(lightning.logger) == 1 else f'[{i}]'}.init_args.save_dir to a "
+                "directory (a shared mount, so that the logs outlive the node)."
+            )
 
 
 def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:

@@ -109,7 +109,8 @@ def merge_checkpoint(raw_checkpoint: dict[str, Any], settings: dict[str, Any], p
     return merged
 
 
-LIGHTNING_BASES = {"model": "LightningModule", "data": "LightningDataModule", "callbacks": "Callback"}
+LIGHTNING_BASES = {"model": "LightningModule", "data": "LightningDataModule", "callbacks": "Callback",
+                   "logger": "loggers.Logger"}
 
 
 def check_lightning_class(cls: type, class_path: str, path: str, role: str) -> None:
@@ -117,7 +118,7 @@ def check_lightning_class(cls: type, class_path: str, path: str, role: str) -> N
     import lightning.pytorch as pl
 
     base_name = LIGHTNING_BASES[role]
-    if issubclass(cls, getattr(pl, base_name)):
+    if issubclass(cls, _attribute(pl, base_name)):
         return
     old_base = _old_package_base(base_name)
     if old_base is not None and issubclass(cls, old_base):
@@ -139,4 +140,12 @@ def _old_package_base(name: str) -> type | None:
         import pytorch_lightning
     except ImportError:
         return None
-    return getattr(pytorch_lightning, name, None)
+    return _attribute(pytorch_lightning, name)
+
+
+def _attribute(package, dotted: str):
+    import importlib
+
+    module, _, name = dotted.rpartition(".")
+    owner = importlib.import_module(f"{package.__name__}.{module}") if module else package
+    return getattr(owner, name, None)

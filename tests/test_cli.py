@@ -39,6 +39,12 @@ def test_a_bad_set_override_exits_2():
                        "scaling.num_wokers", "did you mean 'num_workers'")
 
 
+def test_a_run_needs_a_spec_or_a_lightning_config_and_a_bad_config_is_named():
+    _assert_user_error(run_cli("run"), "needs a job spec, a LightningCLI config, or both")
+    _assert_user_error(run_cli("run", "--lightning-config", "jobs/quickstart.yaml"),
+                       "'name' is not a section of a LightningCLI fit config")
+
+
 def test_an_unknown_flag_exits_2():
     _assert_user_error(run_cli("run", "jobs/quickstart.yaml", "--wrokers", "3"), "unrecognized arguments")
 

@@ -1,9 +1,11 @@
 """Lightning options as users set them: callbacks from the spec (their own and Lightning's),
-ModelCheckpoint's retention carried out by the store, hyperparameters holding a path and an
-enum that a later run continues from, and no scratch left in the temp dir."""
+ModelCheckpoint's retention carried out by the store, loggers that write once into the run
+directory and continue after a resume, hyperparameters holding a path and an enum that a later
+run continues from, and no scratch left in the temp dir."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import tempfile
@@ -29,7 +31,7 @@ def recorded(folder) -> list[dict]:
 
 
 @pytest.mark.timeout(400)
-def test_callbacks_from_the_spec_run_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(tmp_path):
+def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(tmp_path):
     records = tmp_path / "records"
     records.mkdir()
     spec = {
@@ -45,6 +47,8 @@ def test_callbacks_from_the_spec_run_a_model_checkpoint_keeps_the_best_and_paths
                 {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                  "init_args": {"save_top_k": 2, "monitor": "val_loss", "mode": "max"}},
             ],
+            "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger"},
+                       {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}],
         },
         "scaling": {"num_workers": 2},
     }
@@ -67,3 +71,17 @@ def test_callbacks_from_the_spec_run_a_model_checkpoint_keeps_the_best_and_paths
     assert again.resumed_from.get("step") == first.global_step
     assert again.epochs == 5 and again.global_step > first.global_step
     assert scratch_in_tmp() == before, "a run and its resume leave nothing in the temp dir"
+
+    # One logger run for both: the CSV holds every epoch once, in step order; TensorBoard one folder.
+    logs = tmp_path / "runs" / "options" / "logs" / "lightning"
+    assert sorted(os.listdir(logs)) == ["csv", "tensorboard"]
+    with open(logs / "csv" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    epochs = [int(float(row["epoch"])) for row in rows if row.get("val_loss")]
+    assert epochs == [0, 1, 2, 3, 4], "one validation row per epoch, the first run's kept by the second"
+    steps = [float(row["step"]) for row in rows]
+    assert steps == sorted(steps) and steps[-1] >= first.global_step
+    # Both runs wrote into one TensorBoard run (its folder), none into a version folder of its own.
+    entries = os.listdir(logs / "tensorboard")
+    assert not [n for n in entries if (logs / "tensorboard" / n).is_dir()], entries
+    assert len([n for n in entries if n.startswith("events.out.tfevents")]) >= 2, entries

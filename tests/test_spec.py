@@ -110,6 +110,11 @@ BAD_SPECS = [
      ["lightning.model.class_path", "not a lightning.pytorch.LightningModule"]),
     ("callback that is not one", with_(LIGHTNING, "lightning.callbacks", [{"class_path": "jobs.digits.DigitsData"}]),
      ["lightning.callbacks[0].class_path", "not a lightning.pytorch.Callback"]),
+    ("trainer logger", with_(LIGHTNING, "lightning.trainer.logger", True), ["lightning.trainer.logger", "lightning.logger"]),
+    ("logger that is not one", with_(LIGHTNING, "lightning.logger", {"class_path": "jobs.digits.DigitsData"}),
+     ["lightning.logger.class_path", "not a lightning.pytorch.loggers.Logger"]),
+    ("logger on an object store", with_(with_(LIGHTNING, "storage", "s3://bucket/runs"), "lightning.logger",
+     [{"class_path": "lightning.pytorch.loggers.CSVLogger"}]), ["lightning.logger", "init_args.save_dir", "object store"]),
     ("model checkpoint against keep_best", with_(with_(LIGHTNING, "checkpoint.keep_best", {"k": 3, "monitor": "val_acc"}),
      "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": 2, "monitor": "val_loss"}}]),
      ["checkpoint.keep_best", "conflicts with", "in one place only"]),
@@ -215,5 +220,55 @@ def test_callbacks_are_kept_and_a_model_checkpoint_becomes_the_stores_retention(
     assert spec.checkpoint.keep_last == 1 and spec.checkpoint.every_n_steps == 25
     assert validate(spec.to_dict()) == spec  # what the driver hands on validates to the same spec
 
+    logged = validate(with_(with_(LIGHTNING, "lightning.trainer.logger", False), "lightning.logger",
+                            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"flush_logs_every_n_steps": 10}}))
+    assert [ref.class_path for ref in logged.lightning.logger] == ["lightning.pytorch.loggers.CSVLogger"]
+    assert "logger" not in logged.lightning.trainer and validate(logged.to_dict()) == logged
+
     keep_all = validate(with_(LIGHTNING, "lightning.callbacks", [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_top_k": -1}}]))
     assert keep_all.checkpoint.keep_last is None and keep_all.checkpoint.keep_best is None
+
+
+CLI_CONFIG = "tests/configs/lightning_cli_fit.yaml"
+
+
+def test_a_lightning_cli_config_becomes_the_lightning_section_as_it_is():
+    spec = validate({"name": "from-cli", "lightning": {"config": CLI_CONFIG}})
+    lightning = spec.lightning
+    assert lightning.model.class_path == "jobs.digits.DigitsClassifier"
+    assert lightning.model.init_args == {"hidden": 64, "lr": 0.002}
+    assert lightning.data.init_args == {"batch_size": 32}
+    # Only what differs from Lightning's defaults stays; what the orchestrator owns moved.
+    assert lightning.trainer == {"precision": "32-true", "max_epochs": 3, "log_every_n_steps": 10,
+                                 "gradient_clip_val": 1.0}
+    assert spec.scaling.num_workers == 2 and spec.seed == 7
+    assert [c.class_path for c in lightning.callbacks] == ["lightning.pytorch.callbacks.EarlyStopping"]
+    assert (spec.checkpoint.keep_best.k, spec.checkpoint.keep_best.monitor) == (2, "val_loss")
+    assert [(ref.class_path, ref.init_args) for ref in lightning.logger] == [
+        ("lightning.pytorch.loggers.CSVLogger", {})], "a relative save_dir would land wherever a worker runs"
+    assert validate(spec.to_dict()) == spec
+
+
+def test_the_spec_wins_over_a_lightning_cli_config_and_its_mistakes_are_named(tmp_path):
+    spec = validate({"name": "t", "seed": 1, "scaling": {"num_workers": 3},
+                     "lightning": {"config": CLI_CONFIG, "trainer": {"max_epochs": 9},
+                                   "model": {"init_args": {"hidden": 16}}}})
+    assert spec.seed == 1 and spec.scaling.num_workers == 3
+    assert spec.lightning.trainer["max_epochs"] == 9 and spec.lightning.model.init_args["hidden"] == 16
+
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("model: {hidden: 8}\ndata: {class_path: jobs.digits.DigitsData}\ntrainer: {max_epochs: 1}\n")
+    with pytest.raises(SpecError, match=r"init_args without a class_path.*lightning.model.class_path"):
+        validate({"name": "t", "lightning": {"config": str(bare)}})
+    named = validate({"name": "t", "lightning": {"config": str(bare),
+                                                 "model": {"class_path": "jobs.digits.DigitsClassifier"}}})
+    assert named.lightning.model.init_args == {"hidden": 8}
+
+    auto_optimizer = tmp_path / "auto.yaml"
+    auto_optimizer.write_text("model: {class_path: jobs.digits.DigitsClassifier}\n"
+                              "data: {class_path: jobs.digits.DigitsData}\ntrainer: {max_epochs: 1}\n"
+                              "optimizer: {class_path: torch.optim.Adam}\n")
+    with pytest.raises(SpecError, match=r"'optimizer' section.*configure_optimizers"):
+        validate({"name": "t", "lightning": {"config": str(auto_optimizer)}})
+    with pytest.raises(SpecError, match=r"lightning.config.*LightningCLI config .*missing.yaml' does not exist.*Fix"):
+        validate({"name": "t", "lightning": {"config": str(tmp_path / "missing.yaml")}})

@@ -35,6 +35,7 @@ from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_globa
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
+from orchestrator.runtime.lightning_loggers import build_loggers, continue_csv
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.train_state import Progress
@@ -249,8 +250,10 @@ def _train(session: WorkerSession, scratch: str) -> None:
     callback = OrchestratorCallback(session, pending_rng, order)
     checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
     ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
+    loggers = build_loggers(spec.logger, session.run_dir.lightning_logs)
     # Quiet by default (the driver prints progress); a user's own value wins.
-    trainer_args = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, **spec.trainer}
+    trainer_args = {"logger": loggers or False, "enable_progress_bar": False, "enable_model_summary": False,
+                    **spec.trainer}
     trainer = pl.Trainer(
         **trainer_args,
         devices="auto",
@@ -262,6 +265,8 @@ def _train(session: WorkerSession, scratch: str) -> None:
         default_root_dir=scratch,
     )
     trainer = prepare_trainer(trainer)
+    if session.rank == 0:
+        continue_csv(loggers, restored.info.step if restored is not None else None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except StopTraining:
