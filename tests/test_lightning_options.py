@@ -40,7 +40,7 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
             "model": {"class_path": "lightning_data_jobs.PathsClassifier",
                       "init_args": {"hidden": 32}},  # cache_dir and split: a Path and an enum by default
             "data": {"class_path": "jobs.digits.DigitsData", "init_args": {"batch_size": 64}},
-            "trainer": {"max_epochs": 4},
+            "trainer": {"max_epochs": 4, "accumulate_grad_batches": 2},
             "callbacks": [
                 {"class_path": "lightning_data_jobs.EpochRecorder", "init_args": {"folder": str(records)}},
                 # mode max keeps the *worst* two epochs: not what keep_last would keep.
@@ -55,6 +55,8 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
     before = scratch_in_tmp()
     first = orchestrator.run(spec, console=None)
     assert first.status == "finished", first.error
+    # The progress loss is the training_step's own, not Lightning's loss divided by the accumulation.
+    assert first.metrics["loss"] == pytest.approx(first.metrics["train_loss"], rel=1e-5)
     epochs = [line for line in recorded(records) if line["rank"] == 0]
     assert [line["epoch"] for line in epochs] == [0, 1, 2, 3], "the user's callback ran at every epoch end"
     assert {line["rank"] for line in recorded(records)} == {0, 1}, "and on every rank"

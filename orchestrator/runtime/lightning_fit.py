@@ -126,7 +126,10 @@ class OrchestratorCallback(Callback):
             self.progress.consumed = consumed
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
-            self.progress.metrics["loss"] = float(loss.detach())
+            # Lightning hands callbacks the loss divided by accumulate_grad_batches (automatic
+            # optimisation); the user's training_step returned the undivided one.
+            scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+            self.progress.metrics["loss"] = float(loss.detach()) * scale
         self._update(trainer, batch_in_epoch=batch_idx + 1)
         step = trainer.global_step
         # Only at a completed optimizer step (not mid gradient accumulation), once per step.
