@@ -22,7 +22,7 @@ import yaml
 
 from orchestrator.errors import SpecError
 from orchestrator.lightning_cli_config import merge_lightning_config
-from orchestrator.spec_callbacks import (
+from orchestrator.spec_lightning import (
     check_lightning_class,
     checkpoint_settings,
     is_model_checkpoint,
@@ -72,7 +72,7 @@ class LightningSpec:
     # ddp is the only strategy built so far on this path (fsdp: see TorchSpec.strategy).
     strategy: str = "ddp"
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
-    # translated into the checkpoint: section instead: orchestrator/spec_callbacks.py).
+    # translated into the checkpoint: section instead: orchestrator/spec_lightning.py).
     callbacks: list[ClassRef] = field(default_factory=list)
     # Lightning loggers, built in every worker (they write from rank 0) into
     # <run>/logs/lightning/<kind>/ unless their init_args name a save_dir.
