@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     ckpts.add_argument("run", help="run name (under --storage) or run directory / URI")
     ckpts.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
     ckpts.add_argument("--verify", action="store_true", help="re-check every file's sha256")
+    status = commands.add_parser("status", help="list runs: state, step, newest checkpoint, restarts, goodput")
+    status.add_argument("run", nargs="?", help="one run's name (default: every run under --storage)")
+    status.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
+    status.add_argument("--json", action="store_true", help="print JSON records, for scripts")
     return parser
 
 
@@ -53,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "checkpoints":
             return _checkpoints(args)
+        if args.command == "status":
+            return _status(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -101,6 +107,14 @@ def _spec_source(args: argparse.Namespace):
 
     stem = os.path.splitext(os.path.basename(args.lightning_config))[0]
     return {"name": re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "lightning-run", "lightning": {}}
+
+
+def _status(args: argparse.Namespace) -> int:
+    from orchestrator.run_status import as_json, run_states, table
+
+    records = run_states(args.storage, args.run)
+    print(as_json(records) if args.json else table(records))
+    return EXIT_OK
 
 
 def _checkpoints(args: argparse.Namespace) -> int:

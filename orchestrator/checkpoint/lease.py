@@ -181,6 +181,14 @@ class RunLease:
         self.release()
 
 
+def current_holder(run_dir: RunDir, *, ttl_s: float = LEASE_TTL_S,
+                   now: Callable[[], float] = time.time) -> tuple[Holder | None, bool]:
+    """The driver named in lease.json (None: no readable lease) and whether it still holds the run:
+    not released, its heartbeat fresher than the TTL, and (on this host) its process alive."""
+    holder = _read_holder(run_dir.lease)
+    return holder, holder is not None and not _is_free(holder, ttl_s, now)
+
+
 def fence(run_dir: RunDir, generation: int) -> None:
     """Raise LeaseLost unless lease.json still names `generation`: call right before a commit or a deletion."""
     current = _read_holder(run_dir.lease)

@@ -1,0 +1,87 @@
+"""`orchestrator status`: every run under a storage location with its state, told apart by the
+writer lease (running, driver died) and the summary (finished, failed, stopped)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import torch
+from conftest import run_cli
+
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state
+from orchestrator.checkpoint.lease import RunLease
+from orchestrator.result import RunResult, write_summary
+from orchestrator.run_dir import RunDir
+from orchestrator.run_status import run_states
+
+
+def checkpoint(layout: RunDir, step: int, world_size: int = 2) -> None:
+    manifest = Manifest(step=step, epoch=step // 10, batch_in_epoch=step % 10, world_size=world_size, kind="torch",
+                        files={})
+    CheckpointStore(layout.location).commit(manifest, {"state.pt": dumps_state({"w": torch.zeros(2)})})
+
+
+def summary(layout: RunDir, status: str, **fields) -> None:
+    result = RunResult(name=layout.location.path.rsplit("/", 1)[-1], status=status, run_dir=layout.uri,
+                       world_size=2, global_step=30, epochs=3, restarts=1, goodput={"goodput": 0.9}, **fields)
+    write_summary(layout.location, result)
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_status_tells_running_finished_failed_and_a_dead_driver_apart(tmp_path):
+    root = str(tmp_path / "runs")
+    finished, failed, died, running = (RunDir.of(root, n) for n in ("done", "broken", "orphan", "live"))
+
+    checkpoint(finished, 30)
+    with RunLease.acquire(finished):  # released when the driver ends
+        summary(finished, "finished")
+    checkpoint(failed, 10)
+    with RunLease.acquire(failed):
+        summary(failed, "failed")
+    # A driver SIGKILLed mid-run: its lease was never released and its process is gone.
+    checkpoint(died, 20)
+    lease = RunLease.acquire(died)
+    storage.write_atomic(died.lease, replace(lease.holder, pid=dead_pid()).to_json().encode())
+    # A live driver (this process) holding its run, a stale summary of an earlier run beside it.
+    summary(running, "finished")
+    checkpoint(running, 40, world_size=3)
+    live = RunLease.acquire(running)
+    try:
+        states = {r["run"]: r for r in run_states(root, now=time.time())}
+    finally:
+        live.release()
+
+    assert {name: r["state"] for name, r in states.items()} == {
+        "broken": "failed", "done": "finished", "live": "running", "orphan": "driver died"}
+    assert states["orphan"]["step"] == 20 and states["orphan"]["checkpoint"].endswith("step-000000020")
+    assert states["live"]["world_size"] == 3 and states["live"]["step"] == 40
+    assert states["done"]["restarts"] == 1 and states["done"]["goodput"] == 0.9
+    assert 0 <= states["done"]["checkpoint_age_s"] < 60
+
+
+def test_the_status_command_prints_a_table_or_json_and_names_a_missing_run(tmp_path):
+    root = tmp_path / "runs"
+    layout = RunDir.of(str(root), "done")
+    checkpoint(layout, 30)
+    summary(layout, "finished")
+
+    table = run_cli("status", "--storage", str(root), timeout=60)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split()[:3] == ["run", "state", "step"] and row.split()[:3] == ["done", "finished", "30"]
+
+    records = json.loads(run_cli("status", "done", "--storage", str(root), "--json", timeout=60).stdout)
+    assert records[0]["state"] == "finished" and records[0]["checkpoint"].endswith("step-000000030")
+
+    missing = run_cli("status", "nope", "--storage", str(root), timeout=60)
+    assert missing.returncode == 2 and "run 'nope' was not found" in missing.stderr
