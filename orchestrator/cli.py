@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     ckpts.add_argument("run", help="run name (under --storage) or run directory / URI")
     ckpts.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
     ckpts.add_argument("--verify", action="store_true", help="re-check every file's sha256")
+    commands.add_parser("schema", help="print the JSON Schema of the job spec (for editors: "
+                                       "# yaml-language-server: $schema=spec.schema.json)")
+
     status = commands.add_parser("status", help="list runs: state, step, newest checkpoint, restarts, goodput")
     status.add_argument("run", nargs="?", help="one run's name (default: every run under --storage)")
     status.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
@@ -59,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
             return _checkpoints(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "schema":
+            from orchestrator.spec_schema import schema_text
+
+            print(schema_text(), end="")
+            return EXIT_OK
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -56,7 +56,9 @@ OWNED_TRAINER_ARGS = {
 class ClassRef:
     """A class named by its import path, with the keyword arguments to build it."""
 
+    # The class's import path: "package.module.Class" (or "package.module:Class").
     class_path: str
+    # Keyword arguments for its constructor.
     init_args: dict[str, Any] = field(default_factory=dict)
 
     def build(self) -> Any:
@@ -125,6 +127,8 @@ class ScalingSpec:
 class KeepBestSpec:
     # Keep the K checkpoints with the best value of `monitor` (a metric in their manifests).
     k: int
+    # The metric to rank by, e.g. val_loss: a metric the training reports (Lightning's logged
+    # metrics, or ctx.report / ctx.step on the torch path).
     monitor: str
     # min: lower is better (losses) | max: higher is better (accuracies)
     mode: str = "min"
@@ -177,10 +181,15 @@ class JobSpec:
     resume_from: str = "latest"
     # Seeds python, numpy and torch on every rank (each rank offsets by its rank).
     seed: int = 0
+    # A LightningModule and LightningDataModule to train (exactly one of lightning / torch).
     lightning: LightningSpec | None = None
+    # A plain PyTorch loop, train_loop(ctx), to train (exactly one of lightning / torch).
     torch: TorchSpec | None = None
+    # How many workers, with which resources, placed how; the global batch.
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    # When to save checkpoints and which to keep.
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    # Restarts after lost workers, nodes and hangs; how long to wait for capacity.
     failure: FailureSpec = field(default_factory=FailureSpec)
     # Environment variables set in every worker (NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...).
     env: dict[str, str] = field(default_factory=dict)
