@@ -8,6 +8,8 @@ hold the full traceback).
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 
 from orchestrator.errors import OrchestratorError, RunStopped, TrainingFailed, UserError
@@ -110,9 +112,6 @@ def _spec_source(args: argparse.Namespace):
     if not args.lightning_config:
         raise UserError("orchestrator run needs a job spec, a LightningCLI config, or both. Fix: "
                         "`orchestrator run SPEC.yaml` or `orchestrator run --lightning-config config.yaml`.")
-    import os
-    import re
-
     stem = os.path.splitext(os.path.basename(args.lightning_config))[0]
     return {"name": re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "lightning-run", "lightning": {}}
 

@@ -39,9 +39,13 @@ def table(infos: list[CheckpointInfo]) -> str:
             dt.datetime.fromtimestamp(m.created_at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if m else "-",
             _size(info.size_bytes) if m else "-", status, metrics,
         ))
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
-    return "\n".join(lines)
+    return text_table([header, *rows])
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells (the first one the header) as left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def _size(n: int) -> str:

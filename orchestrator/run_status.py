@@ -24,6 +24,7 @@ from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import current_holder
 from orchestrator.errors import UserError
+from orchestrator.inspect_checkpoints import text_table
 from orchestrator.result import RunResult
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import DEFAULT_STORAGE
@@ -99,8 +100,7 @@ def table(records: list[dict[str, Any]]) -> str:
             _age(r["checkpoint_age_s"]), _cell(r["restarts"]), _cell(r["world_size"]),
             f"{100 * r['goodput']:.1f}%" if r["goodput"] is not None else "-",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return text_table(rows)
 
 
 def _cell(value: Any) -> str:
