@@ -24,6 +24,8 @@ from orchestrator.checkpoint.lease import RunLease
 from orchestrator.errors import RunStopped, TrainingFailed
 from orchestrator.faults import FailureClassifier
 from orchestrator.goodput import compute as compute_goodput
+from orchestrator.metrics import RunMetrics
+from orchestrator.metrics import endpoint as metrics_endpoint
 from orchestrator.monitor import start_monitor
 from orchestrator.recovery import collective_timeout_s, recovery_settings
 from orchestrator.result import RunResult, write_summary
@@ -85,6 +87,9 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
                                    log_dir=layout.logs, lease_generation=run_lease.generation,
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()))
             trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
+            where = metrics_endpoint()
+            if where:
+                say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
             attempt = _Attempt(job, run_dir, choice, monitor, say, started)
             result, error = attempt.fit(trainer)
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
@@ -107,7 +112,7 @@ class _Attempt:
     def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float):
         self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
         self.started = started
-        self.watcher = RunWatcher(monitor, job, say)
+        self.watcher = RunWatcher(monitor, job, say, RunMetrics(job.name, started))
         self.signals = StopSignals(on_stop=self._request_stop)
 
     def fit(self, trainer: TorchTrainer) -> tuple[RunResult, BaseException | None]:

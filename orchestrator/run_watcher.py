@@ -20,6 +20,7 @@ import ray
 import ray.train
 
 from orchestrator.faults import UserCodeFailed
+from orchestrator.metrics import RunMetrics
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
 
@@ -77,8 +78,9 @@ def capacity_shortfall(job: JobSpec) -> str | None:
 
 
 class RunWatcher:
-    def __init__(self, monitor, job: JobSpec, say: Console):
+    def __init__(self, monitor, job: JobSpec, say: Console, metrics: RunMetrics | None = None):
         self.monitor, self.job, self.say = monitor, job, say
+        self.metrics = metrics
         self._stop = threading.Event()
         self._seen = 0
         self._thread = threading.Thread(target=self._loop, name="run-watcher", daemon=True)
@@ -124,6 +126,17 @@ class RunWatcher:
             line = self._format(event)
             if line:
                 self.say(line)
+        self._export(events)
+
+    def _export(self, events: list[dict[str, Any]]) -> None:
+        if self.metrics is None:
+            return
+        try:
+            for event in events:
+                self.metrics.observe(event)
+            self.metrics.refresh()
+        except Exception:  # noqa: BLE001 - metrics must never cost the run
+            pass
 
     # --- capacity -------------------------------------------------------------------------------
 

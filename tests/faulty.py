@@ -167,6 +167,19 @@ def slow_loop(ctx) -> None:
     digits_train_loop(ctx)
 
 
+def slow_loop_killed_once(ctx) -> None:
+    """slow_loop, and the worker of rank `fault.kill_rank` dies once after step `fault.kill_at`."""
+    fault = ctx.config.pop("fault")
+    original_step = ctx.step
+
+    def step(**metrics):
+        original_step(**metrics)
+        _kill_once(fault["marker"], ctx.global_step, fault["kill_at"], ctx.rank, fault.get("kill_rank", 1))
+
+    ctx.step = step
+    slow_loop(ctx)
+
+
 class SlowClassifier(DigitsClassifier):
     """The quickstart model, slowed down; rank 0 writes `marker` after optimizer step `mark_at`."""
 

@@ -25,6 +25,7 @@ from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, Check
 from orchestrator.checkpoint.files import Payload
 from orchestrator.errors import UserError
 from orchestrator.faults import TransientStartError
+from orchestrator.metrics import WorkerMetrics
 from orchestrator.run_dir import RunDir, storage_marker_problem
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
@@ -101,6 +102,7 @@ class WorkerSession:
         self._first_step_reported = False
         self._samples_since = 0
         self._since = time.monotonic()
+        self.step_metrics = WorkerMetrics(self.spec.name, self.rank, PROGRESS_INTERVAL_S)
         _quiet_worker(self.spec, self.rank, config.log_dir)
 
     # --- the start of a worker group: one resume point for every rank ---------------------------
@@ -211,6 +213,7 @@ class WorkerSession:
     def stepped(self, progress: Progress) -> None:
         """After every optimizer step: the heartbeat's progress, and the driver's progress events."""
         self.heartbeat.stepped(progress.step)
+        self.step_metrics.stepped(progress.step)
         first = not self._first_step_reported
         self._first_step_reported = True
         # The group's first step is always reported: goodput counts from it.

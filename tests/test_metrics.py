@@ -1,0 +1,174 @@
+"""The run's metrics (orchestrator/metrics.py): what the driver derives from the run's events, and
+a real run's metrics scraped from its node's Prometheus endpoint."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import yaml
+from conftest import REPO
+from specs import torch_spec
+
+from orchestrator import metrics as run_metrics
+from orchestrator.metrics import RunMetrics
+
+
+def _started(group, size, at):
+    return {"kind": "worker_started", "rank": 0, "group": group, "world_size": size, "time": at,
+            "restored_step": None, "restored_from": None}
+
+
+def _progress(group, step, at, **metrics):
+    return {"kind": "progress", "group": group, "step": step, "epoch": 0, "batch_in_epoch": step, "time": at,
+            "samples_per_s": 100.0, "stall_s": 0.5, "metrics": metrics}
+
+
+def test_restarts_are_counted_by_the_cause_of_the_failure_before_them_and_a_start_without_one_is_a_resize():
+    metrics = RunMetrics("r", started=0.0)
+    for event in (_started(1, 2, 1.0), {"kind": "failure", "classification": "hang", "time": 2.0},
+                  _started(2, 2, 3.0), {"kind": "failure", "classification": "infrastructure", "time": 4.0},
+                  _started(3, 1, 5.0), _started(4, 2, 6.0)):
+        metrics.observe(event)
+    assert metrics.restarts == {"hang": 1, "infrastructure": 1, "resize": 1}
+    assert metrics.values["world_size"] == 2
+
+
+def test_step_time_stall_loss_user_metrics_checkpoint_age_and_goodput_follow_the_events():
+    metrics = RunMetrics("r", started=0.0)
+    metrics.observe(_started(1, 2, 1.0))
+    metrics.observe(_progress(1, 1, 2.0, loss=0.9, acc=0.5))
+    metrics.observe(_progress(1, 11, 4.0, loss=0.7, acc=0.6, bad=float("nan")))
+    metrics.observe({"kind": "checkpoint", "step": 10, "time": 3.5, "uri": "u", "reason": "steps"})
+    # A restarted group: its own stall adds to the first group's; step time is measured within it.
+    metrics.observe(_started(2, 2, 5.0))
+    metrics.observe(_progress(2, 12, 6.0, loss=0.6))
+    metrics.refresh(now=8.0)
+    values = metrics.values
+    assert values["step_time_seconds"] == pytest.approx(0.2)  # (4 - 2) / (11 - 1), not across groups
+    assert values["checkpoint_stall_seconds"] == pytest.approx(1.0)
+    assert values["loss"] == 0.6 and metrics.user == {"acc": 0.6}
+    assert values["checkpoint_step"] == 10 and values["checkpoint_age_seconds"] == pytest.approx(4.5)
+    assert values["global_step"] == 12
+    assert 0 < values["goodput"] < 1
+
+
+def test_the_grafana_dashboard_plots_every_exported_metric_and_only_those():
+    import json
+    import os
+
+    dashboard = json.loads(open(os.path.join(REPO, "dashboards", "orchestrator_grafana_dashboard.json")).read())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"ray_orchestrator_\w+", target["expr"])}
+    exported = {f"ray_{run_metrics.PREFIX}{name}" for name in run_metrics.RUN_GAUGES}
+    exported |= {f"ray_{run_metrics.PREFIX}{name}" for name, _ in (run_metrics.USER_METRIC, run_metrics.WORKER_STEP_TIME)}
+    exported |= {f"ray_{run_metrics.PREFIX}{name}_total" for name, _ in (run_metrics.RESTARTS, run_metrics.CHECKPOINTS)}
+    assert used == exported
+    variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "run")
+    assert "ray_orchestrator_global_step" in variable["definition"]
+
+
+# --- a real run, scraped --------------------------------------------------------------------------
+
+def _scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text -> {(name, labels): value}, for our series only."""
+    found = {}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        match = re.match(r"(ray_orchestrator_\w+)\{(.*)\} (\S+)$", line)
+        if match:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            found[(match.group(1), labels)] = float(match.group(3))
+    return found
+
+
+def _value(series, name, **labels):
+    wanted = set(labels.items())
+    values = [v for (n, ls), v in series.items() if n == name and wanted <= ls]
+    return values[0] if values else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_values(tmp_path):
+    """Step, throughput, step time, loss, user metrics, world size, a restart by its cause,
+    checkpoints, their age and the stall, goodput, and every worker's step time."""
+    marker = tmp_path / "killed"
+    spec = torch_spec("metered", tmp_path, loop="faulty:slow_loop_killed_once", sleep_s=0.1, every=5,
+                      fault={"marker": str(marker), "kill_at": 8, "kill_rank": 1})
+    spec["torch"]["max_epochs"] = 30  # long enough to be scraped; stopped once it has been
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    # Ray exports every 10 s by default: once a second keeps the test short.
+    env = {"RAY_metrics_report_interval_ms": "1000", "PYTHONPATH": f"{REPO}/tests"}
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**_environ(), **env})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(driver.stdout), daemon=True)
+    reader.start()
+    try:
+        url = _wait(lambda: next((m.group(1) for line in list(lines)
+                                  if (m := re.match(r"metrics: (http://\S+/metrics)", line))), None), 120, lines)
+        assert url.startswith("http://127.0.0.1:"), url
+
+        def complete():
+            series = _scrape(url)
+            restarted = _value(series, "ray_orchestrator_restarts_total", run="metered", cause="infrastructure")
+            ranks = [_value(series, "ray_orchestrator_worker_step_time_seconds", run="metered", rank=str(r))
+                     for r in (0, 1)]
+            step = _value(series, "ray_orchestrator_global_step", run="metered")
+            ready = restarted and all(ranks) and step and step > 12 and \
+                _value(series, "ray_orchestrator_checkpoint_age_seconds", run="metered") is not None
+            return series if ready else None
+
+        series = _wait(complete, 180, lines)
+    finally:
+        driver.send_signal(2)  # Ctrl-C: the run checkpoints and stops
+        try:
+            driver.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+        reader.join(timeout=10)
+
+    def value(name, **labels):
+        return _value(series, f"ray_orchestrator_{name}", run="metered", **labels)
+
+    assert value("restarts_total", cause="infrastructure") == 1
+    assert value("world_size") == 2
+    assert value("samples_per_second") > 0
+    # slow_loop sleeps 0.1 s per step: the step time is at least that, and not absurd.
+    assert 0.1 <= value("step_time_seconds") < 10
+    for rank in ("0", "1"):
+        assert 0.1 <= value("worker_step_time_seconds", rank=rank) < 10
+    assert math.isfinite(value("loss")) and value("loss") > 0
+    assert value("checkpoints_committed_total") >= 2
+    assert value("checkpoint_step") % 5 == 0 and value("checkpoint_step") <= value("global_step")
+    assert 0 <= value("checkpoint_age_seconds") < 60
+    assert 0 <= value("checkpoint_stall_seconds") < 30
+    assert 0 < value("goodput") < 1
+    assert value("epoch") >= 0
+    assert driver.returncode != 0 and any("stopped by SIGINT" in line for line in lines), "".join(lines[-20:])
+
+
+def _environ():
+    import os
+
+    return dict(os.environ)
+
+
+def _wait(predicate, timeout, lines):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError("not seen in time; the driver said:\n" + "".join(lines[-30:]))
