@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("run", nargs="?", help="one run's name (default: every run under --storage)")
     status.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
     status.add_argument("--json", action="store_true", help="print JSON records, for scripts")
+
+    doctor = commands.add_parser("doctor", help="check the cluster before a run: versions, storage, capacity, "
+                                                "network interfaces, an all-reduce across the nodes")
+    doctor.add_argument("spec", nargs="?", help="a job spec: also check its storage and that its workers fit")
+    doctor.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
+    doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. --set scaling.num_workers=8 (repeatable)")
     return parser
 
 
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             return _checkpoints(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "doctor":
+            return _doctor(args)
         if args.command == "schema":
             from orchestrator.spec_schema import schema_text
 
@@ -114,6 +123,23 @@ def _spec_source(args: argparse.Namespace):
                         "`orchestrator run SPEC.yaml` or `orchestrator run --lightning-config config.yaml`.")
     stem = os.path.splitext(os.path.basename(args.lightning_config))[0]
     return {"name": re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "lightning-run", "lightning": {}}
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from orchestrator.spec import parse_set_option, resolve_spec
+
+    spec = None
+    if args.spec:
+        spec = resolve_spec(args.spec, dict(parse_set_option(option) for option in args.overrides))
+    elif args.overrides:
+        raise UserError("--set needs a job spec to override. Fix: `orchestrator doctor SPEC --set KEY=VALUE`.")
+    from orchestrator import cluster
+    from orchestrator.doctor import diagnose
+
+    cluster.check_address(args.address)
+    report = diagnose(spec, args.address)
+    print(report.text())
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ records how long it waited for capacity (for goodput).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import ray
 import ray.train
 
+from orchestrator.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.faults import UserCodeFailed
 from orchestrator.metrics import RunMetrics
 from orchestrator.run_dir import RunDir
@@ -35,20 +35,9 @@ CAPACITY_REPORT_INTERVAL_S = 30.0
 CAPACITY_CHECK_INTERVAL_S = 1.0
 
 
-def _resources(job: JobSpec) -> dict[str, float]:
-    per_worker = dict(job.scaling.resources_per_worker)
-    if job.scaling.use_gpu:
-        per_worker.setdefault("GPU", 1.0)
-    return per_worker
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
-
-
 def _placement_pending(job: JobSpec) -> bool:
     """Whether Ray Train's placement group for this run's workers waits for resources."""
-    bundle = _resources(job)
+    bundle = worker_resources(job)
     for group in ray.util.placement_group_table().values():
         bundles = list(group.get("bundles", {}).values())
         if (group.get("state") in ("PENDING", "RESCHEDULING") and len(bundles) == job.scaling.num_workers
@@ -59,18 +48,17 @@ def _placement_pending(job: JobSpec) -> bool:
 
 def capacity_shortfall(job: JobSpec) -> str | None:
     """What the cluster lacks to place the run's workers now, in one sentence; None if it has it."""
-    per_worker, workers = _resources(job), job.scaling.num_workers
+    per_worker, workers = worker_resources(job), job.scaling.num_workers
     need = {k: v * workers for k, v in per_worker.items()}
     available = ray.available_resources()
     free = {k: available.get(k, 0.0) for k in need}
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    room = sum(min((math.floor(n["Resources"].get(k, 0.0) / v) if v else workers) for k, v in per_worker.items())
-               for n in nodes)
+    room = workers_that_fit(per_worker, (n["Resources"] for n in nodes), workers)
     if all(free[k] >= v for k, v in need.items()) and room >= workers:
         return None
     short = {k: v - free[k] for k, v in need.items() if free[k] < v}
-    text = (f"it needs {workers} worker(s) x {_fmt(per_worker)} = {_fmt(need)}, and the cluster has {_fmt(free)} "
-            f"free" + (f" (short by {_fmt(short)})" if short else ""))
+    text = (f"it needs {workers} worker(s) x {fmt(per_worker)} = {fmt(need)}, and the cluster has {fmt(free)} "
+            f"free" + (f" (short by {fmt(short)})" if short else ""))
     if room < workers:
         text += (f"; its {len(nodes)} alive node(s) can hold at most {room} such worker(s) even when idle, "
                  "so it must grow (or the spec ask for less)")

@@ -149,6 +149,13 @@ def _mark(marker: str | None, step: int, at: int | None, rank: int) -> None:
         Path(marker).write_text(str(step))
 
 
+def _record_env(ctx, record: dict | None) -> None:
+    """With `env_record: {dir, variable}`, each worker writes the variable as its process sees it."""
+    if record:
+        Path(record["dir"], f"rank-{ctx.rank}-attempt-{ctx.attempt}").write_text(
+            os.environ.get(record["variable"], "<unset>"))
+
+
 def slow_loop(ctx) -> None:
     """jobs.digits_torch's loop, slowed down so it can be interrupted from outside (driver kill,
     ray job stop); with `mark_at` and `marker` in its config it announces that step."""
@@ -156,6 +163,7 @@ def slow_loop(ctx) -> None:
 
     sleep_s = ctx.config.pop("sleep_s", 0.2)
     marker, mark_at = ctx.config.pop("marker", None), ctx.config.pop("mark_at", None)
+    _record_env(ctx, ctx.config.pop("env_record", None))
     original_step = ctx.step
 
     def step(**metrics):

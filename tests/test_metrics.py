@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import yaml
 from conftest import REPO
-from specs import torch_spec
+from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator import metrics as run_metrics
 from orchestrator.metrics import RunMetrics
@@ -97,10 +97,14 @@ def _value(series, name, **labels):
 @pytest.mark.timeout(300)
 def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_values(tmp_path):
     """Step, throughput, step time, loss, user metrics, world size, a restart by its cause,
-    checkpoints, their age and the stall, goodput, and every worker's step time."""
-    marker = tmp_path / "killed"
+    checkpoints, their age and the stall, goodput, and every worker's step time. The same run
+    checks that the spec's `env:` reaches every worker process, the restarted ones included."""
+    marker, seen_env = tmp_path / "killed", tmp_path / "env"
+    seen_env.mkdir()
     spec = torch_spec("metered", tmp_path, loop="faulty:slow_loop_killed_once", sleep_s=0.1, every=5,
-                      fault={"marker": str(marker), "kill_at": 8, "kill_rank": 1})
+                      fault={"marker": str(marker), "kill_at": 8, "kill_rank": 1},
+                      env_record={"dir": str(seen_env), "variable": "JOB_SETTING"})
+    spec["env"] = {"JOB_SETTING": "from the spec"}
     spec["torch"]["max_epochs"] = 30  # long enough to be scraped; stopped once it has been
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
@@ -147,11 +151,15 @@ def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_value
         assert 0.1 <= value("worker_step_time_seconds", rank=rank) < 10
     assert math.isfinite(value("loss")) and value("loss") > 0
     assert value("checkpoints_committed_total") >= 2
-    assert value("checkpoint_step") % 5 == 0 and value("checkpoint_step") <= value("global_step")
+    # every_n_steps: 5, and one at each epoch's end.
+    checkpoint = value("checkpoint_step")
+    assert (checkpoint % 5 == 0 or checkpoint % STEPS_PER_EPOCH == 0) and checkpoint <= value("global_step")
     assert 0 <= value("checkpoint_age_seconds") < 60
     assert 0 <= value("checkpoint_stall_seconds") < 30
     assert 0 < value("goodput") < 1
     assert value("epoch") >= 0
+    seen = {path.name: path.read_text() for path in seen_env.iterdir()}
+    assert seen == {f"rank-{rank}-attempt-{attempt}": "from the spec" for rank in (0, 1) for attempt in (1, 2)}
     assert driver.returncode != 0 and any("stopped by SIGINT" in line for line in lines), "".join(lines[-20:])
 
 

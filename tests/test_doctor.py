@@ -1,0 +1,80 @@
+"""`orchestrator doctor`: preflight checks on a real 3-node loopback cluster, and the reading of
+NCCL's interface syntax."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import yaml
+from conftest import run_cli
+from node_faults import loopback_cluster
+from specs import torch_spec
+
+from orchestrator.doctor import interface_problem
+
+LOOPBACK_ONLY = ["lo"]
+TWO = ["eth0", "ib0", "lo"]
+
+
+@pytest.mark.parametrize("variable, value, interfaces, selects", [
+    ("NCCL_SOCKET_IFNAME", "eth", TWO, True),        # a prefix
+    ("NCCL_SOCKET_IFNAME", "=eth", TWO, False),      # an exact name
+    ("NCCL_SOCKET_IFNAME", "=eth0", TWO, True),
+    ("NCCL_SOCKET_IFNAME", "ens,ib", TWO, True),     # any of a list
+    ("NCCL_SOCKET_IFNAME", "^lo,docker", TWO, True),  # all but these
+    ("NCCL_SOCKET_IFNAME", "^lo", LOOPBACK_ONLY, False),
+    ("NCCL_SOCKET_IFNAME", "ib", LOOPBACK_ONLY, False),
+    ("GLOO_SOCKET_IFNAME", "eth", TWO, False),       # gloo takes whole names
+    ("GLOO_SOCKET_IFNAME", "eth0", TWO, True),
+    ("NCCL_SOCKET_IFNAME", None, LOOPBACK_ONLY, True),  # unset: the library chooses
+])
+def test_an_interface_variable_is_read_with_ncclS_syntax(variable, value, interfaces, selects):
+    problem = interface_problem(variable, value, interfaces)
+    assert (problem is None) == selects
+    if problem:
+        assert f"{variable}={value}" in problem and ", ".join(interfaces) in problem
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with loopback_cluster(3) as cluster:
+        yield cluster
+
+
+def _doctor(cluster, tmp_path, *extra, **env):
+    spec = torch_spec("doctor", tmp_path)
+    spec["env"] = env
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli("doctor", str(path), "--address", cluster.address, *extra, timeout=400)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_and_a_missing_interface(cluster, tmp_path):
+    code, out = _doctor(cluster, tmp_path, NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    assert code == 0, out
+    # The driver and the four nodes (a head without CPUs, three 1-CPU nodes), one row each.
+    assert len(re.findall(r"^[0-9a-f]{12}( \(head\))?\s", out, re.M)) == 4, out
+    assert re.search(r"^driver\s", out, re.M)
+    for check in ("versions", "storage", "capacity", "interface (NCCL_SOCKET_IFNAME)",
+                  "interface (GLOO_SOCKET_IFNAME)", "all-reduce (gloo)"):
+        assert f"PASS  {check}:" in out, out
+    latency = re.search(r"all-reduce \(gloo\): 4 worker\(s\), one per node: latency ([\d.]+) ms", out)
+    assert latency and 0 < float(latency.group(1)) < 5000, out
+    assert "doctor: all 6 checks passed" in out
+    assert not any(p.startswith(".orchestrator-doctor") and os.listdir(tmp_path / p) for p in os.listdir(tmp_path))
+
+    code, out = _doctor(cluster, tmp_path, "--set", "scaling.use_gpu=true", NCCL_SOCKET_IFNAME="ib")
+    assert code == 1, out
+    capacity = next(line for line in out.splitlines() if line.startswith("FAIL  capacity:"))
+    assert "2 worker(s) x {CPU: 1, GPU: 1}" in capacity and "hold at most 0" in capacity and "GPU: 0" in capacity
+    assert "Fix:" in capacity
+    interface = next(line for line in out.splitlines() if line.startswith("FAIL  interface (NCCL_SOCKET_IFNAME):"))
+    assert "on all 4 nodes: NCCL_SOCKET_IFNAME=ib selects none of its interfaces (" in interface
+    assert re.search(r"interfaces \(([\w.-]+, )*lo(, [\w.-]+)*\)", interface) and "Fix:" in interface
+    assert "PASS  versions:" in out and "PASS  storage:" in out
+    assert "Traceback" not in out
