@@ -33,7 +33,7 @@ class DigitsClassifier(pl.LightningModule):
         return self.net(x)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        x, y = _inputs(batch)
         loss = F.cross_entropy(self(x), y)
         self.log("train_loss", loss, sync_dist=False)
         return loss
@@ -45,13 +45,19 @@ class DigitsClassifier(pl.LightningModule):
         self._evaluate(batch, "test")
 
     def _evaluate(self, batch, stage: str):
-        x, y = batch
+        x, y = _inputs(batch)
         logits = self(x)
         self.log(f"{stage}_loss", F.cross_entropy(logits, y), sync_dist=True)
         self.log(f"{stage}_acc", (logits.argmax(dim=1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+def _inputs(batch):
+    """(pixels, labels) from a batch of DigitsData (a tuple) or of the spec's data: section (a
+    dict of the columns named in jobs/quickstart.yaml)."""
+    return (batch["pixels"], batch["label"]) if isinstance(batch, dict) else batch
 
 
 class DigitsData(pl.LightningDataModule):

@@ -54,3 +54,30 @@ def load_split(split: str) -> TensorDataset:
     pixels = np.stack(table.column("pixels").to_numpy(zero_copy_only=False)).astype(np.float32) / 16.0
     labels = table.column("label").to_numpy()
     return TensorDataset(torch.from_numpy(pixels), torch.from_numpy(labels))
+
+
+SHIPPED_SPLITS = Path(__file__).parent / "data" / "digits"
+
+
+def write_splits(folder: Path = SHIPPED_SPLITS) -> list[Path]:
+    """The three splits as Parquet files a spec's data: section reads (jobs/quickstart.yaml):
+    `pixels` (64 float32 in [0, 1]) and `label` (int64). They ship in jobs/data/digits/;
+    `python -m jobs.digits_data` writes them again."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for split in SPLITS:
+        data = load_split(split)
+        pixels, labels = (t.numpy() for t in data.tensors)
+        table = pa.table({
+            "pixels": pa.FixedSizeListArray.from_arrays(pa.array(pixels.ravel()), NUM_FEATURES),
+            "label": pa.array(labels),
+        })
+        path = folder / f"{split}.parquet"
+        pq.write_table(table, path)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written in write_splits():
+        print(written)

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "network interfaces, an all-reduce across the nodes")
     doctor.add_argument("spec", nargs="?", help="a job spec: also check its storage and that its workers fit")
     doctor.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
+    doctor.add_argument("--storage", help="storage to check (overrides the spec's storage)")
     doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set scaling.num_workers=8 (repeatable)")
     return parser
@@ -137,7 +138,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from orchestrator.doctor import diagnose
 
     cluster.check_address(args.address)
-    report = diagnose(spec, args.address)
+    report = diagnose(spec, args.address, storage_uri=args.storage)
     print(report.text())
     return EXIT_OK if report.ok else EXIT_FAILED
 

@@ -126,29 +126,28 @@ def interface_problem(variable: str, value: str | None, interfaces: list[str]) -
     return None if chosen else f"{variable}={value} selects none of its interfaces ({', '.join(interfaces)})"
 
 
-def diagnose(spec: JobSpec | None, address: str | None = None) -> Report:
+def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: str | None = None) -> Report:
+    """Every check on the cluster at `address` (or an embedded one); the storage checked is
+    `storage_uri`, else the spec's, else none."""
+    storage_uri = storage_uri or (spec.storage or DEFAULT_STORAGE if spec else None)
+    root = storage.resolve(storage_uri) if storage_uri else None  # a malformed URI fails before Ray starts
     env = {**(spec.env if spec else {}), **cluster.QUIET_RAY_ENV}
     connection = cluster.connect(address, job_env=env)
     try:
-        return _diagnose(spec, connection)
+        nodes = sorted((n for n in ray.nodes() if n.get("Alive")),
+                       key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
+        marker = root.join(".orchestrator-doctor", f"{uuid.uuid4().hex}.json").uri if root else None
+        probes = _probe_all(nodes, marker)
+        checks = [_versions_check(probes)]
+        if root is not None:
+            checks.append(_storage_check(storage_uri, probes))
+        if spec is not None:
+            checks.append(_capacity_check(spec, nodes))
+        checks += _interface_checks(probes)
+        checks.append(_allreduce_check(spec, nodes, probes))
+        return Report(_table(nodes, probes, storage_checked=marker is not None), checks)
     finally:
         cluster.disconnect(connection)
-
-
-def _diagnose(spec: JobSpec | None, connection: cluster.Connection) -> Report:
-    nodes = sorted((n for n in ray.nodes() if n.get("Alive")),
-                   key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
-    marker = None
-    if spec is not None:
-        root = storage.resolve(spec.storage or DEFAULT_STORAGE)
-        marker = root.join(".orchestrator-doctor", f"{uuid.uuid4().hex}.json").uri
-    probes = _probe_all(nodes, marker)
-    checks = [_versions_check(probes), *_interface_checks(probes)]
-    if spec is not None:
-        checks.insert(1, _storage_check(spec, probes))
-        checks.insert(2, _capacity_check(spec, nodes))
-    checks.append(_allreduce_check(spec, nodes, probes))
-    return Report(_table(nodes, probes, storage_checked=marker is not None), checks)
 
 
 def _pinned(node: dict[str, Any]):
@@ -225,8 +224,7 @@ def _versions_check(probes: dict[str, dict[str, Any]]) -> Check:
     return Check("versions", True, f"{summary} on the driver and all {len(probes)} node(s)")
 
 
-def _storage_check(spec: JobSpec, probes: dict[str, dict[str, Any]]) -> Check:
-    where = spec.storage or DEFAULT_STORAGE
+def _storage_check(where: str, probes: dict[str, dict[str, Any]]) -> Check:
     reachable = _reachable(probes)
     failed = {node_id: p["storage"] for node_id, p in reachable.items() if p["storage"]}
     if not failed:

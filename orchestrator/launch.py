@@ -35,6 +35,7 @@ from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.worker import train_worker
 from orchestrator.signals import StopSignals
 from orchestrator.spec import JobSpec, resolve_spec
+from orchestrator.spec_data import check_data_input
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 # Seconds the driver waits for ended workers to be torn down after a stop's grace period.
@@ -55,6 +56,7 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     say = console or (lambda line: None)
     job = resolve_spec(spec, _flatten_overrides(overrides))
     cluster.check_address(address)
+    check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
     layout = RunDir.of(job.storage, job.name)
     storage.ensure_dir(layout.location)
     # One writer per run: a second driver is refused here, naming the one that holds the run.

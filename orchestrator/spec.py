@@ -22,6 +22,7 @@ import yaml
 
 from orchestrator.errors import SpecError
 from orchestrator.lightning_cli_config import merge_lightning_config
+from orchestrator.spec_data import DataSpec, parse_data
 from orchestrator.spec_lightning import (
     check_lightning_class,
     checkpoint_settings,
@@ -68,7 +69,8 @@ class ClassRef:
 @dataclass(frozen=True)
 class LightningSpec:
     model: ClassRef
-    data: ClassRef
+    # The LightningDataModule (optional with a data: section, which then provides the loaders).
+    data: ClassRef | None
     # Keyword arguments for lightning.Trainer, checked against its signature.
     trainer: dict[str, Any]
     # ddp is the only strategy built so far on this path (fsdp: see TorchSpec.strategy).
@@ -193,6 +195,8 @@ class JobSpec:
     failure: FailureSpec = field(default_factory=FailureSpec)
     # Environment variables set in every worker (NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...).
     env: dict[str, str] = field(default_factory=dict)
+    # Parquet input the orchestrator streams, shards over the workers and resumes mid-epoch.
+    data: DataSpec | None = None
 
     @property
     def kind(self) -> str:
@@ -313,7 +317,9 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
             "'lightning:' with model/data class_paths for a LightningModule, or 'torch:' with "
             "train_loop: 'module:function' for a plain PyTorch loop."
         )
-    lightning, model_checkpoint = _lightning(raw["lightning"], check_imports) if has_lightning else (None, {})
+    data = parse_data(raw.get("data"))
+    lightning, model_checkpoint = (_lightning(raw["lightning"], check_imports, data_section=data is not None)
+                                   if has_lightning else (None, {}))
     raw_checkpoint = raw.get("checkpoint") or {}
     if model_checkpoint:
         _mapping(raw_checkpoint, "checkpoint")
@@ -334,18 +340,24 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         checkpoint=_checkpoint(raw_checkpoint),
         failure=_failure(raw.get("failure") or {}),
         env=_env(raw.get("env") or {}),
+        data=data,
     )
 
 
-def _lightning(raw: Any, check_imports: bool) -> tuple[LightningSpec, dict[str, Any]]:
+def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tuple[LightningSpec, dict[str, Any]]:
     """The Lightning section, and the checkpoint: fields a ModelCheckpoint among its callbacks stands for."""
     path = "lightning"
     _mapping(raw, path)
     _check_keys(raw, LightningSpec, path)
     model = _class_ref(_require(raw, "model", path, dict), f"{path}.model", check_imports)
-    data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
+    if raw.get("data") is None and data_section:
+        data = None  # the loaders come from the spec's data: section
+    else:
+        data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
     if check_imports:
         for ref, role in ((model, "model"), (data, "data")):
+            if ref is None:
+                continue
             cls = import_object(ref.class_path, f"{path}.{role}.class_path")
             check_lightning_class(cls, ref.class_path, f"{path}.{role}.class_path", role)
     trainer = dict(_optional(raw, "trainer", path, dict, {}))

@@ -14,11 +14,12 @@ import dataclasses
 import inspect
 import json
 import re
+import sys
 import types
 import typing
 from typing import Any
 
-from orchestrator import spec as spec_module
+from orchestrator.data.parquet import DTYPES
 from orchestrator.spec import (
     LIGHTNING_STRATEGIES,
     TORCH_STRATEGIES,
@@ -31,6 +32,7 @@ from orchestrator.spec import (
     ScalingSpec,
     TorchSpec,
 )
+from orchestrator.spec_data import ColumnSpec, DataSourceSpec, DataSpec
 
 SCHEMA_ID = "https://orchestrator.invalid/spec.schema.json"
 CLASS_REF = {"$ref": "#/$defs/ClassRef"}
@@ -52,6 +54,10 @@ YAML_SHAPES: dict[tuple[type, str], dict[str, Any] | None] = {
         "enum": list(LIGHTNING_STRATEGIES), "default": "ddp",
         "description": "How the workers share the model: ddp (a full copy per worker)."}}},
     (LightningSpec, "logger"): {"anyOf": [CLASS_REF, {"type": "array", "items": CLASS_REF}]},
+    (DataSourceSpec, "columns"): {"anyOf": [
+        {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/ColumnSpec"}, {"type": "null"}]}},
+        {"type": "array", "items": {"type": "string"}}]},
+    (ColumnSpec, "dtype"): {"anyOf": [{"enum": list(DTYPES)}, {"type": "null"}]},
 }
 # YAML key for a field, where the two differ.
 ALIASES = {(CheckpointSpec, "async_save"): "async"}
@@ -61,16 +67,18 @@ EXTRA_PROPERTIES: dict[type, dict[str, dict[str, Any]]] = {
         "A LightningCLI config file (model, data, trainer, seed_everything) used as this section; the "
         "section's own fields win over the file's.")}},
 }
-REQUIRED = {JobSpec: ["name"], ClassRef: ["class_path"], TorchSpec: ["train_loop"], LightningSpec: ["model", "data"],
-            KeepBestSpec: ["monitor"]}
-SPEC_CLASSES = (JobSpec, LightningSpec, TorchSpec, ScalingSpec, CheckpointSpec, KeepBestSpec, FailureSpec, ClassRef)
+# (lightning.data is required unless the spec has a data: section: validation says so.)
+REQUIRED = {JobSpec: ["name"], DataSourceSpec: ["path"], ClassRef: ["class_path"], TorchSpec: ["train_loop"],
+            LightningSpec: ["model"], KeepBestSpec: ["monitor"]}
+SPEC_CLASSES = (JobSpec, LightningSpec, TorchSpec, ScalingSpec, CheckpointSpec, KeepBestSpec, FailureSpec, ClassRef,
+                DataSpec, DataSourceSpec, ColumnSpec)
 
 
 def job_spec_schema() -> dict[str, Any]:
     schema = _object(JobSpec)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
             "title": "orchestrator job spec", **schema,
-            "$defs": {"ClassRef": _object(ClassRef)}}
+            "$defs": {"ClassRef": _object(ClassRef), "ColumnSpec": _object(ColumnSpec)}}
 
 
 def schema_text() -> str:
@@ -78,7 +86,7 @@ def schema_text() -> str:
 
 
 def _object(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls, vars(spec_module))
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     comments = field_comments(cls)
     properties: dict[str, Any] = {}
     for f in dataclasses.fields(cls):

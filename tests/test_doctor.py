@@ -54,7 +54,7 @@ def _doctor(cluster, tmp_path, *extra, **env):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_and_a_missing_interface(cluster, tmp_path):
+def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_a_missing_interface_and_unwritable_storage(cluster, tmp_path):
     code, out = _doctor(cluster, tmp_path, NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
     assert code == 0, out
     # The driver and the four nodes (a head without CPUs, three 1-CPU nodes), one row each.
@@ -68,7 +68,9 @@ def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_and_a_missing_i
     assert "doctor: all 6 checks passed" in out
     assert not any(p.startswith(".orchestrator-doctor") and os.listdir(tmp_path / p) for p in os.listdir(tmp_path))
 
-    code, out = _doctor(cluster, tmp_path, "--set", "scaling.use_gpu=true", NCCL_SOCKET_IFNAME="ib")
+    # /proc takes no files: storage no node can write.
+    code, out = _doctor(cluster, tmp_path, "--set", "scaling.use_gpu=true", "--storage", "/proc/runs",
+                        NCCL_SOCKET_IFNAME="ib")
     assert code == 1, out
     capacity = next(line for line in out.splitlines() if line.startswith("FAIL  capacity:"))
     assert "2 worker(s) x {CPU: 1, GPU: 1}" in capacity and "hold at most 0" in capacity and "GPU: 0" in capacity
@@ -76,5 +78,7 @@ def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_and_a_missing_i
     interface = next(line for line in out.splitlines() if line.startswith("FAIL  interface (NCCL_SOCKET_IFNAME):"))
     assert "on all 4 nodes: NCCL_SOCKET_IFNAME=ib selects none of its interfaces (" in interface
     assert re.search(r"interfaces \(([\w.-]+, )*lo(, [\w.-]+)*\)", interface) and "Fix:" in interface
-    assert "PASS  versions:" in out and "PASS  storage:" in out
+    storage = next(line for line in out.splitlines() if line.startswith("FAIL  storage:"))
+    assert "/proc/runs could not be written from node" in storage and "Fix:" in storage
+    assert "PASS  versions:" in out
     assert "Traceback" not in out

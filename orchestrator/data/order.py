@@ -1,7 +1,8 @@
 """One global order of an epoch's samples, whatever the world size: what makes exactly-once data
 hold across a resize.
 
-- The order of epoch e is a permutation of the sample ids computed from (seed, e) alone.
+- The order of epoch e is a permutation of the sample ids computed from (seed, e) alone (a
+  dataset may define its own, `dataset.epoch_order(seed=, epoch=, shuffle=)`: parquet.py's).
 - A checkpoint holds one number for the data: `consumed`, the samples of the epoch already
   trained on, always at an optimizer-step boundary.
 - With global batch G and world size W, optimizer step s (counted from `consumed`) trains the
@@ -21,6 +22,7 @@ their order to one world size; this one does not.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,31 +46,43 @@ class Step:
     consumed_after: int
 
 
-def rank_steps(order: list[int], *, consumed: int, global_batch: int, micro_batch: int, world_size: int,
+def rank_steps(order: Sequence[int], *, consumed: int, global_batch: int, micro_batch: int, world_size: int,
                rank: int, drop_last: bool, training: bool = True) -> list[Step]:
     """Rank `rank`'s optimizer steps for the rest of the epoch, from global position `consumed`.
 
     `training=False` (an evaluation pass, no collective per batch) keeps a last batch smaller
     than the world size too: some ranks then simply get no sample of it.
     """
+    return list(iter_rank_steps(order, consumed=consumed, global_batch=global_batch, micro_batch=micro_batch,
+                                world_size=world_size, rank=rank, drop_last=drop_last, training=training))
+
+
+def _rank_spans(total: int, *, consumed: int, global_batch: int, world_size: int, rank: int, drop_last: bool,
+                training: bool) -> Iterator[tuple[int, int, int]]:
+    """(begin, end, consumed after) of each of rank `rank`'s steps: positions in the epoch's order.
+    Arithmetic only, so that a pass over a huge epoch holds no per-sample bookkeeping."""
     if global_batch % world_size:
         raise ValueError(f"global batch {global_batch} does not split over {world_size} workers")
-    total = len(order)
     per_rank = global_batch // world_size
-    steps: list[Step] = []
     start = consumed
     while start + global_batch <= total:
-        mine = order[start + rank * per_rank:start + (rank + 1) * per_rank]
-        steps.append(Step(_chunks(mine, micro_batch), start + global_batch))
+        yield start + rank * per_rank, start + (rank + 1) * per_rank, start + global_batch
         start += global_batch
     remaining = total - start
     if remaining and not drop_last and (remaining >= world_size or not training):
         share, extra = divmod(remaining, world_size)
         begin = start + rank * share + min(rank, extra)
-        mine = order[begin:begin + share + (1 if rank < extra else 0)]
-        if mine:
-            steps.append(Step(_chunks(mine, micro_batch), total))
-    return steps
+        end = begin + share + (1 if rank < extra else 0)
+        if end > begin:
+            yield begin, end, total
+
+
+def iter_rank_steps(order: Sequence[int], *, consumed: int, global_batch: int, micro_batch: int, world_size: int,
+                    rank: int, drop_last: bool, training: bool = True) -> Iterator[Step]:
+    """rank_steps, one step at a time (the order is sliced as the steps are reached)."""
+    for begin, end, after in _rank_spans(len(order), consumed=consumed, global_batch=global_batch,
+                                         world_size=world_size, rank=rank, drop_last=drop_last, training=training):
+        yield Step(_chunks(list(order[begin:end]), micro_batch), after)
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
@@ -131,11 +145,20 @@ class GlobalOrderSampler(DistributedSampler):
         """Global position at which the current epoch's pass starts."""
         return self._resume_consumed if self.epoch == self._resume_epoch else 0
 
-    def steps(self) -> list[Step]:
-        order = epoch_order(self.num_total, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
-        return rank_steps(order, consumed=self.start, global_batch=self.global_batch,
-                          micro_batch=self.micro_batch, world_size=self.num_replicas, rank=self.rank,
-                          drop_last=self.drop_last, training=self.training)
+    def steps(self) -> Iterator[Step]:
+        # A dataset may bring its own order (Parquet: row groups, then rows within windows of them).
+        own = getattr(self.dataset, "epoch_order", None)
+        order = (own(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle) if callable(own) else
+                 epoch_order(self.num_total, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle))
+        return iter_rank_steps(order, consumed=self.start, global_batch=self.global_batch,
+                               micro_batch=self.micro_batch, world_size=self.num_replicas, rank=self.rank,
+                               drop_last=self.drop_last, training=self.training)
+
+    def spans(self) -> Iterator[tuple[int, int, int]]:
+        """(begin, end, consumed after) of each of this rank's steps in the current pass."""
+        return _rank_spans(self.num_total, consumed=self.start, global_batch=self.global_batch,
+                           world_size=self.num_replicas, rank=self.rank, drop_last=self.drop_last,
+                           training=self.training)
 
     def __iter__(self):
         for step in self.steps():
@@ -144,7 +167,7 @@ class GlobalOrderSampler(DistributedSampler):
 
     def __len__(self) -> int:
         done = self.start // (self.num_replicas * self.micro_batch) * self.micro_batch
-        return done + sum(len(m) for step in self.steps() for m in step.micro_batches)
+        return done + sum(end - begin for begin, end, _ in self.spans())
 
     def micro_batches_before(self) -> int:
         """Micro-batches of this epoch that the current pass skips (trained before the resume)."""
@@ -157,20 +180,27 @@ class StepTracker:
     position once the step is taken."""
 
     def __init__(self, sampler: GlobalOrderSampler):
-        # For each micro-batch of the pass: (micro-batches in its step, consumed after its step, last of its step?)
-        self._plan: list[tuple[int, int, bool]] = []
-        for step in sampler.steps():
-            count = len(step.micro_batches)
-            self._plan += [(count, step.consumed_after, i == count - 1) for i in range(count)]
+        # For each micro-batch of the pass, lazily: (micro-batches in its step, consumed after its
+        # step, last of its step?).
+        # (The sampler's position is read now: a later start_at does not change this pass.)
+        self._plan = self._micro_batches(sampler.spans(), sampler.micro_batch)
         self.consumed = sampler.start
         self.done = 0  # micro-batches of this pass trained on
         self.step_due = False
         self.micro_batches_in_step = 1
 
+    @staticmethod
+    def _micro_batches(spans: Iterator[tuple[int, int, int]], micro: int) -> Iterator[tuple[int, int, bool]]:
+        for begin, end, after in spans:
+            count = -(-(end - begin) // micro)
+            for i in range(count):
+                yield count, after, i == count - 1
+
     def advance(self) -> None:
         """Count one micro-batch handed to the loop."""
-        if self.done < len(self._plan):
-            self.micro_batches_in_step, after, self.step_due = self._plan[self.done]
+        planned = next(self._plan, None)
+        if planned is not None:
+            self.micro_batches_in_step, after, self.step_due = planned
             if self.step_due:
                 self.consumed = after
         self.done += 1

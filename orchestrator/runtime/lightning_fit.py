@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.checkpoint.serialization import plain_state
+from orchestrator.data.module import build_datamodule
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
@@ -245,7 +246,8 @@ def _train(session: WorkerSession, scratch: str) -> None:
     restored = session.start()
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
-    datamodule: pl.LightningDataModule = spec.data.build()
+    datamodule: pl.LightningDataModule = (spec.data.build() if spec.data is not None
+                                          else build_datamodule(session.spec.data))
     restored_state, pending_rng, position = _prepare_resume(session, restored)
     order = TrainOrder()
     _use_global_order_train_loader(datamodule, session, position, order)

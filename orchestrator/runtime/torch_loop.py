@@ -30,6 +30,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
+from orchestrator.data.parquet import ParquetDataset
+from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, TRAINING
@@ -44,6 +46,7 @@ from orchestrator.runtime.sharding import (
 )
 from orchestrator.runtime.train_state import Progress, TrainState
 from orchestrator.spec import import_object
+from orchestrator.spec_data import open_source
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -72,6 +75,7 @@ class TrainContext:
         self.progress = Progress()
         self._tracked: dict[str, Any] = {}
         self._loaders: list[ResumableLoader] = []
+        self._data_loaders: dict[str, ResumableLoader] = {}
         # The training loader's index among this context's loaders (None: no step taken yet),
         # and the loaders being iterated now, innermost last.
         self._train_loader: int | None = None
@@ -139,6 +143,20 @@ class TrainContext:
                                     loader_kwargs=loader_kwargs, index=len(self._loaders))
         self._loaders.append(resumable)
         return resumable
+
+    def data(self, name: str = "train", **loader_kwargs: Any) -> ResumableLoader:
+        """The loader of the spec's `data.<name>` Parquet input (see `data_loader`): batches are
+        dicts of tensors named as in the spec's columns, streamed a row group at a time."""
+        if name not in self._data_loaders:
+            source = getattr(self._session.spec.data, name, None) if self._session.spec.data else None
+            if source is None:
+                raise UserError(f"ctx.data({name!r}): the spec has no data.{name} section. Fix: add data.{name} with "
+                                "a path (and columns, batch_size), or build your own loader with ctx.data_loader().")
+            dataset = ParquetDataset(open_source(source, f"data.{name}"), window=source.window)
+            self._data_loaders[name] = self.data_loader(
+                dataset, source.batch_size, shuffle=source.shuffle, drop_last=source.drop_last,
+                collate_fn=ParquetDataset.collate, **loader_kwargs)
+        return self._data_loaders[name]
 
     @property
     def accumulation_steps(self) -> int:
