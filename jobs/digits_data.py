@@ -52,7 +52,7 @@ def load_split(split: str) -> TensorDataset:
     start, stop = SPLITS[split]
     table = pq.read_table(ensure_parquet()).slice(start, stop - start)
     pixels = np.stack(table.column("pixels").to_numpy(zero_copy_only=False)).astype(np.float32) / 16.0
-    labels = table.column("label").to_numpy()
+    labels = table.column("label").to_numpy().copy()  # writable: torch warns on read-only arrays
     return TensorDataset(torch.from_numpy(pixels), torch.from_numpy(labels))
 
 

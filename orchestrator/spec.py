@@ -352,6 +352,10 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
     model = _class_ref(_require(raw, "model", path, dict), f"{path}.model", check_imports)
     if raw.get("data") is None and data_section:
         data = None  # the loaders come from the spec's data: section
+    elif raw.get("data") is None:
+        raise SpecError("field 'lightning.data' is required but missing. Fix: name a LightningDataModule, e.g. "
+                        "data: {class_path: jobs.digits.DigitsData}, or add a data: section with Parquet input "
+                        "(data.train.path), from which the orchestrator builds the loaders.")
     else:
         data = _class_ref(_require(raw, "data", path, dict), f"{path}.data", check_imports)
     if check_imports:

@@ -252,3 +252,39 @@ def test_a_torch_job_reading_parquet_killed_mid_epoch_trains_every_row_of_every_
     for ids in epochs.values():
         assert sorted(ids) == list(range(403))
     assert epochs[0] != epochs[1]  # a new order every epoch
+
+
+def test_the_data_section_is_validated_like_every_other_field():
+    from orchestrator.errors import SpecError
+
+    def refused(data, lightning=False) -> str:
+        spec = {"name": "d", "data": data}
+        if lightning:
+            spec["lightning"] = {"model": {"class_path": "jobs.digits.DigitsClassifier"}, "trainer": {"max_epochs": 1}}
+        else:
+            spec["torch"] = {"train_loop": "jobs.digits_torch:train_loop", "max_epochs": 1}
+        with pytest.raises(SpecError) as caught:
+            validate(spec)
+        return str(caught.value)
+
+    assert "did you mean 'batch_size'" in refused({"train": {"path": "x", "batch_sise": 4}})
+    assert "did you mean 'float32'" in refused({"train": {"path": "x", "columns": {"a": {"dtype": "float23"}}}})
+    assert "a sample's shape is a list of positive whole numbers" in refused(
+        {"train": {"path": "x", "columns": {"a": {"shape": [0]}}}})
+    assert "it names no input" in refused({})
+    assert "data.train.path' is required" in refused({"train": {"batch_size": 4}})
+    text = refused(None, lightning=True)
+    assert "lightning.data' is required" in text and "data: section" in text
+    # With a data: section, a Lightning spec needs no DataModule; relative paths are fixed on the driver.
+    spec = validate({"name": "d", "data": {"train": {"path": "jobs/data/digits/train.parquet"}},
+                     "lightning": {"model": {"class_path": "jobs.digits.DigitsClassifier"},
+                                   "trainer": {"max_epochs": 1}}})
+    assert spec.lightning.data is None and spec.data.train.path == os.path.join(REPO, "jobs/data/digits/train.parquet")
+    assert spec.data.train.shuffle and (spec.data.val is None)
+
+
+def test_the_shipped_digits_parquet_is_what_jobs_digits_data_writes(tmp_path):
+    from jobs.digits_data import SHIPPED_SPLITS, write_splits
+
+    for written in write_splits(tmp_path):
+        assert pq.read_table(written).equals(pq.read_table(SHIPPED_SPLITS / written.name))
