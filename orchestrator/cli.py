@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
     status.add_argument("--json", action="store_true", help="print JSON records, for scripts")
 
+    up = commands.add_parser("up", help="start a warm local Ray cluster that `orchestrator run` uses until `down`")
+    up.add_argument("--num-cpus", type=int, help="CPUs it offers (default: the machine's)")
+    commands.add_parser("down", help="stop the warm local cluster of `orchestrator up`, leaving nothing behind")
+
     doctor = commands.add_parser("doctor", help="check the cluster before a run: versions, storage, capacity, "
                                                 "network interfaces, an all-reduce across the nodes")
     doctor.add_argument("spec", nargs="?", help="a job spec: also check its storage and that its workers fit")
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             return _checkpoints(args)
         if args.command == "status":
             return _status(args)
+        if args.command in ("up", "down"):
+            return _warm(args)
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "schema":
@@ -124,6 +130,20 @@ def _spec_source(args: argparse.Namespace):
                         "`orchestrator run SPEC.yaml` or `orchestrator run --lightning-config config.yaml`.")
     stem = os.path.splitext(os.path.basename(args.lightning_config))[0]
     return {"name": re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "lightning-run", "lightning": {}}
+
+
+def _warm(args: argparse.Namespace) -> int:
+    from orchestrator import warm
+
+    if args.command == "up":
+        cluster, started = warm.up(args.num_cpus)
+        print(f"warm local cluster {'up' if started else 'already up'} at {cluster.address} (session "
+              f"{cluster.session_dir}): `orchestrator run` without --address uses it; `orchestrator down` stops it")
+    else:
+        stopped = warm.down()
+        print(f"warm local cluster at {stopped.address} stopped; its processes and files are gone" if stopped
+              else "no warm local cluster is up")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -48,9 +48,11 @@ class Connection:
     # Whether every process of this driver's job (the training workers included) has `job_env`:
     # false on a connection the caller made before, which cannot be given an environment.
     job_env_applied: bool = True
+    # Joined the warm local cluster of `orchestrator up` (warm.py).
+    warm: bool = False
 
 
-def _state_dir() -> Path:
+def state_dir() -> Path:
     path = Path(os.path.expanduser(os.environ.get(STATE_DIR_ENV_VAR, DEFAULT_STATE_DIR)))
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -78,12 +80,20 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
         logging_level=logging.WARNING,
     )
+    warm = None
+    if not address:
+        from orchestrator import warm as warm_cluster
+
+        warm = warm_cluster.current()
+        if warm is not None:
+            address = warm.address
+            _use_token(warm.token)
     if address:
         env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
         if env:
             init_kwargs["runtime_env"] = {"env_vars": env}
         _join(address, init_kwargs)
-        return Connection(False, address, _session_dir())
+        return Connection(False, address, _session_dir(), warm=warm is not None)
     reap_orphans()
     with _environment(job_env or {}):
         ray.init(include_dashboard=False, **init_kwargs)
@@ -105,6 +115,20 @@ def _environment(env: dict[str, str]):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _use_token(token: str) -> None:
+    """Authenticate to a cluster with `token` from now on (this process and what it starts).
+
+    Ray reads the authentication mode when it is imported and caches the token it finds: both
+    are refreshed here, as Ray itself does when it turns token auth on for a local cluster.
+    """
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    from ray._raylet import AuthenticationTokenLoader
+
+    _enable_token_auth()
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _job_runtime_env_keys() -> set[str]:
@@ -185,7 +209,7 @@ def _session_dir() -> str:
 
 
 def _record_path(pid: int) -> Path:
-    return _state_dir() / f"driver-{pid}.json"
+    return state_dir() / f"driver-{pid}.json"
 
 
 def _record(connection: Connection) -> None:
@@ -195,7 +219,7 @@ def _record(connection: Connection) -> None:
 def reap_orphans() -> list[int]:
     """End Ray processes left behind by embedded clusters whose driver died. Returns the pids ended."""
     ended = []
-    for record in _state_dir().glob("driver-*.json"):
+    for record in state_dir().glob("driver-*.json"):
         try:
             data = json.loads(record.read_text())
         except (OSError, ValueError):

@@ -83,6 +83,9 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
     with recovery_settings(job.failure, job.scaling) as controller_env:
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
+        if connection.warm:
+            say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
+                "`orchestrator down` stops it)")
         try:
             monitor = start_monitor(job.failure.hang_timeout_s)
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
