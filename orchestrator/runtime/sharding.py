@@ -16,12 +16,22 @@ included, and nothing is unpickled.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+
+
+class _NoDTensor:
+    """Stands for DTensor while torch.distributed.tensor is not imported: nothing can be one then."""
+
+
+def _dtensor() -> type:
+    # Importing torch.distributed.tensor and fsdp costs half a second at every worker start; a
+    # DDP run never needs them, and no value can be a DTensor before they are imported.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module.DTensor if module is not None else _NoDTensor
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, **fsdp_kwargs: Any) -> torch.nn.Module:
@@ -30,6 +40,8 @@ def shard_model(model: torch.nn.Module, device: torch.device, **fsdp_kwargs: Any
     Sharding per submodule lets FSDP gather one submodule's parameters at a time instead of the
     whole model; `fsdp_kwargs` go to every fully_shard call (mp_policy, reshard_after_forward...).
     """
+    from torch.distributed.fsdp import fully_shard
+
     model.to(device)
     for module in list(model.modules())[1:]:
         if any(True for _ in module.parameters(recurse=False)):
@@ -40,7 +52,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, **fsdp_kwargs: Any
 
 def local_state(state: Any) -> Any:
     """A state_dict with every DTensor replaced by this rank's local part (other values unchanged)."""
-    if isinstance(state, DTensor):
+    if isinstance(state, _dtensor()):
         return state.to_local()
     if isinstance(state, dict):
         return {k: local_state(v) for k, v in state.items()}
@@ -66,16 +78,16 @@ def load_local_state(obj: Any, saved: dict[str, Any]) -> None:
 
 def _like(local: Any, template: Any) -> Any:
     """`local` as a DTensor laid out like `template`, if the template is one."""
-    if not isinstance(template, DTensor) or not isinstance(local, torch.Tensor):
+    if not isinstance(template, _dtensor()) or not isinstance(local, torch.Tensor):
         return local
-    return DTensor.from_local(local.to(template.device), template.device_mesh, template.placements,
+    return _dtensor().from_local(local.to(template.device), template.device_mesh, template.placements,
                               shape=template.shape, stride=template.stride(), run_check=False)
 
 
 def _like_param(value: Any, param: torch.Tensor) -> Any:
     """An optimizer state tensor that mirrors a sharded parameter (momentum, Adam moments) as a
     DTensor laid out like it; scalars such as Adam's step count stay plain."""
-    if (isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.dim() > 0
+    if (isinstance(param, _dtensor()) and isinstance(value, torch.Tensor) and value.dim() > 0
             and value.shape == param.to_local().shape):
         return _like(value, param)
     return value
@@ -115,12 +127,12 @@ def reshard_states(tracked: dict[str, Any], read_old: Callable[[int], dict[str, 
         if isinstance(obj, torch.nn.Module):
             template = obj.state_dict()
             entries += [(name, (key,), template[key].shape[0]) for key in states[name]
-                        if isinstance(template.get(key), DTensor)]
+                        if isinstance(template.get(key), _dtensor())]
         elif isinstance(obj, torch.optim.Optimizer):
             params = [p for group in obj.param_groups for p in group["params"]]
             for index, per_param in states[name].get("state", {}).items():
                 param = params[index]
-                if not isinstance(param, DTensor):
+                if not isinstance(param, _dtensor()):
                     continue
                 entries += [(name, ("state", index, key), param.shape[0]) for key, value in per_param.items()
                             if isinstance(value, torch.Tensor) and value.dim() > 0
