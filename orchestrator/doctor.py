@@ -85,11 +85,20 @@ def versions() -> dict[str, str]:
 
 
 @ray.remote(num_cpus=0)
-def _probe(marker_uri: str | None, write: bool) -> dict[str, Any]:
-    """On one node: what it runs, which interfaces it has, and whether it sees the storage marker."""
+def _probe(marker_uri: str | None, write: bool, data_uris: tuple[str, ...] = ()) -> dict[str, Any]:
+    """On one node: what it runs, which interfaces it has, whether it sees the storage marker and
+    the spec's data inputs."""
     answer: dict[str, Any] = {"host": socket.gethostname(), "versions": versions(),
                               "interfaces": sorted(name for _, name in socket.if_nameindex()),
-                              "env": {k: os.environ.get(k) for k in INTERFACE_VARIABLES}, "storage": None}
+                              "env": {k: os.environ.get(k) for k in INTERFACE_VARIABLES}, "storage": None,
+                              "data": {}}
+    for uri in data_uris:
+        try:
+            location = storage.resolve(uri)
+            if not storage.exists(location):
+                answer["data"][uri] = "does not exist here"
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the input is the finding
+            answer["data"][uri] = f"{type(exc).__name__}: {exc}"
     if marker_uri is not None:
         location = storage.resolve(marker_uri)
         try:
@@ -137,10 +146,13 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")),
                        key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
         marker = root.join(".orchestrator-doctor", f"{uuid.uuid4().hex}.json").uri if root else None
-        probes = _probe_all(nodes, marker)
+        data_uris = _data_uris(spec)
+        probes = _probe_all(nodes, marker, data_uris)
         checks = [_versions_check(probes)]
         if root is not None:
             checks.append(_storage_check(storage_uri, probes))
+        if data_uris:
+            checks.append(_data_check(data_uris, probes))
         if spec is not None:
             checks.append(_capacity_check(spec, nodes))
         checks += _interface_checks(probes)
@@ -154,12 +166,14 @@ def _pinned(node: dict[str, Any]):
     return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
 
 
-def _probe_all(nodes: list[dict[str, Any]], marker: str | None) -> dict[str, dict[str, Any]]:
+def _probe_all(nodes: list[dict[str, Any]], marker: str | None,
+               data_uris: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """Each node's probe; the first node writes the marker, the others then read it."""
     probes: dict[str, dict[str, Any]] = {}
 
     def run(batch: list[dict[str, Any]], write: bool) -> None:
-        refs = {n["NodeID"]: _probe.options(scheduling_strategy=_pinned(n)).remote(marker, write) for n in batch}
+        refs = {n["NodeID"]: _probe.options(scheduling_strategy=_pinned(n)).remote(marker, write, data_uris)
+                for n in batch}
         for node_id, ref in refs.items():
             try:
                 probes[node_id] = ray.get(ref, timeout=PROBE_TIMEOUT_S)
@@ -239,6 +253,27 @@ def _storage_check(where: str, probes: dict[str, dict[str, Any]]) -> Check:
                  f"{where_not}). Each node would keep its own checkpoints, so a restart on another node would "
                  "start fresh. Fix: set storage to a path every node mounts (NFS or another shared filesystem) "
                  "or to an object store (s3://bucket/prefix, gs://...).")
+
+
+def _data_uris(spec: JobSpec | None) -> tuple[str, ...]:
+    if spec is None or spec.data is None:
+        return ()
+    sources = (spec.data.train, spec.data.val, spec.data.test)
+    return tuple(dict.fromkeys(source.path for source in sources if source is not None))
+
+
+def _data_check(uris: tuple[str, ...], probes: dict[str, dict[str, Any]]) -> Check:
+    reachable = _reachable(probes)
+    problems: dict[str, list[str]] = {}
+    for node_id, probe in reachable.items():
+        for uri, problem in probe["data"].items():
+            problems.setdefault(f"{uri} {problem}", []).append(node_id[:12])
+    if not problems:
+        return Check("data", True, f"{', '.join(uris)} visible on all {len(reachable)} node(s)")
+    found = "; ".join(f"{_where(nodes, len(reachable))}: {problem}" for problem, nodes in problems.items())
+    return Check("data", False, f"the spec's data inputs are not visible everywhere ({found}). Every worker reads "
+                 "its share itself. Fix: put the data on a shared mount or an object store (s3://bucket/prefix) "
+                 "and point data.*.path there.")
 
 
 def _capacity_check(spec: JobSpec, nodes: list[dict[str, Any]]) -> Check:

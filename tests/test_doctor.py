@@ -46,6 +46,7 @@ def cluster():
 def _doctor(cluster, tmp_path, *extra, **env):
     spec = torch_spec("doctor", tmp_path)
     spec["env"] = env
+    spec["data"] = {"train": {"path": "jobs/data/digits/train.parquet"}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     done = run_cli("doctor", str(path), "--address", cluster.address, *extra, timeout=400)
@@ -54,23 +55,23 @@ def _doctor(cluster, tmp_path, *extra, **env):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_a_missing_interface_and_unwritable_storage(cluster, tmp_path):
+def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_a_missing_interface_storage_and_data(cluster, tmp_path):
     code, out = _doctor(cluster, tmp_path, NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
     assert code == 0, out
     # The driver and the four nodes (a head without CPUs, three 1-CPU nodes), one row each.
     assert len(re.findall(r"^[0-9a-f]{12}( \(head\))?\s", out, re.M)) == 4, out
     assert re.search(r"^driver\s", out, re.M)
-    for check in ("versions", "storage", "capacity", "interface (NCCL_SOCKET_IFNAME)",
+    for check in ("versions", "storage", "data", "capacity", "interface (NCCL_SOCKET_IFNAME)",
                   "interface (GLOO_SOCKET_IFNAME)", "all-reduce (gloo)"):
         assert f"PASS  {check}:" in out, out
     latency = re.search(r"all-reduce \(gloo\): 4 worker\(s\), one per node: latency ([\d.]+) ms", out)
     assert latency and 0 < float(latency.group(1)) < 5000, out
-    assert "doctor: all 6 checks passed" in out
+    assert "doctor: all 7 checks passed" in out
     assert not any(p.startswith(".orchestrator-doctor") and os.listdir(tmp_path / p) for p in os.listdir(tmp_path))
 
     # /proc takes no files: storage no node can write.
     code, out = _doctor(cluster, tmp_path, "--set", "scaling.use_gpu=true", "--storage", "/proc/runs",
-                        NCCL_SOCKET_IFNAME="ib")
+                        "--set", f"data.train.path={tmp_path}/missing.parquet", NCCL_SOCKET_IFNAME="ib")
     assert code == 1, out
     capacity = next(line for line in out.splitlines() if line.startswith("FAIL  capacity:"))
     assert "2 worker(s) x {CPU: 1, GPU: 1}" in capacity and "hold at most 0" in capacity and "GPU: 0" in capacity
@@ -80,5 +81,7 @@ def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_a_missing_inter
     assert re.search(r"interfaces \(([\w.-]+, )*lo(, [\w.-]+)*\)", interface) and "Fix:" in interface
     storage = next(line for line in out.splitlines() if line.startswith("FAIL  storage:"))
     assert "/proc/runs could not be written from node" in storage and "Fix:" in storage
+    data = next(line for line in out.splitlines() if line.startswith("FAIL  data:"))
+    assert f"on all 4 nodes: {tmp_path}/missing.parquet does not exist here" in data and "Fix:" in data
     assert "PASS  versions:" in out
     assert "Traceback" not in out
