@@ -119,6 +119,15 @@ def test_an_epoch_split_again_after_a_resize_covers_every_row_exactly_once(tmp_p
     assert len(together) == len(set(together)) and 1001 - len(together) < 3
 
 
+def test_columns_become_tensors_of_the_dtype_and_shape_the_spec_asks_for(tmp_path):
+    path = write_ids(tmp_path / "d", 20, row_group=8, width=4)
+    columns = [Column("x", "x", "bfloat16", (2, 2)), Column("label", "id", "float64"), Column("id", "id")]
+    batch = ParquetDataset(ParquetSource(path, columns)).__getitems__([3, 17, 9])
+    assert batch["x"].dtype == torch.bfloat16 and batch["x"].shape == (3, 2, 2)
+    assert batch["label"].dtype == torch.float64 and batch["id"].dtype == torch.int64
+    assert batch["id"].tolist() == [3, 17, 9] and batch["x"][1].flatten().float().tolist() == [17.0] * 4
+
+
 def test_rows_stream_from_an_s3_store(tmp_path, s3_server):
     local = write_ids(tmp_path / "d", 300, row_group=64, files=2)
     uri = s3_server.format(prefix="data/ids")

@@ -263,7 +263,7 @@ class ParquetDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         ids = np.asarray(indices, dtype=np.int64)
         groups = np.searchsorted(np.asarray(self._starts), ids, side="right") - 1
-        out = {c.name: None for c in self.source.columns}
+        out: dict[str, torch.Tensor] = {}
         parts: dict[str, list[np.ndarray]] = {c.name: [] for c in self.source.columns}
         order = np.argsort(groups, kind="stable")
         sorted_groups = groups[order]
@@ -277,8 +277,9 @@ class ParquetDataset(torch.utils.data.Dataset):
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         for column in self.source.columns:
-            values = np.concatenate(parts[column.name])[inverse]
-            out[column.name] = torch.from_numpy(values)
+            tensor = torch.from_numpy(np.concatenate(parts[column.name])[inverse])
+            # numpy has no bfloat16: such columns are decoded as float32 and converted here.
+            out[column.name] = tensor.to(torch.bfloat16) if column.dtype == "bfloat16" else tensor
         return out
 
     @staticmethod
