@@ -1,6 +1,9 @@
 """`orchestrator run SPEC [...]`. Exit codes: 0 success, 1 training failed, 2 user error,
 130 / 143 stopped by SIGINT / SIGTERM (the next run resumes from the newest checkpoint).
 
+`main` is the command line's: after a finished `run` it ends the process itself (os._exit), so
+call `orchestrator.run` from Python instead.
+
 User errors print one paragraph and no traceback; so do training failures (the worker logs
 hold the full traceback).
 """
@@ -117,8 +120,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from orchestrator.launch import run
 
-    run(spec, address=args.address, overwrite=args.overwrite)
-    return EXIT_OK
+    run(spec, address=args.address, overwrite=args.overwrite, _process_exits=True)
+    # Finished, summary written, lease released, an embedded cluster's processes ended: leave
+    # now, without Ray's exit handlers (they would wait on the cluster just ended).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 def _spec_source(args: argparse.Namespace):

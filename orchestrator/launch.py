@@ -40,6 +40,9 @@ from orchestrator.spec_data import check_data_input
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 # Seconds the driver waits for ended workers to be torn down after a stop's grace period.
 ABORT_WAIT_S = 15.0
+# Seconds a CLI run on its own embedded cluster still waits for trainer.fit() after rank 0
+# reported the end: a failure reported right after it (a worker dying at exit) still counts.
+FINISHED_GRACE_S = 0.5
 
 
 def _print(line: str) -> None:
@@ -47,11 +50,15 @@ def _print(line: str) -> None:
 
 
 def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str | None = None,
-        overwrite: bool = False, console: Console | None = _print, **overrides: Any) -> RunResult:
+        overwrite: bool = False, console: Console | None = _print, _process_exits: bool = False,
+        **overrides: Any) -> RunResult:
     """Train the job described by `spec` and return a typed result.
 
     `spec` is a path to a YAML file, a mapping, or a JobSpec. `overrides` set fields by name; use
     `__` for nested fields (scaling__num_workers=4) or pass a dict for a section.
+    `_process_exits` (the CLI's): the process ends with os._exit once this returns a finished
+    run, so the run need not wait for Ray's orderly teardown (see `_Attempt` and
+    `cluster.disconnect`).
     """
     say = console or (lambda line: None)
     job = resolve_spec(spec, _flatten_overrides(overrides))
@@ -61,11 +68,11 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     storage.ensure_dir(layout.location)
     # One writer per run: a second driver is refused here, naming the one that holds the run.
     with RunLease.acquire(layout).start_heartbeat() as run_lease:
-        return _run_holding(job, layout, run_lease, address, overwrite, say)
+        return _run_holding(job, layout, run_lease, address, overwrite, say, _process_exits)
 
 
 def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, overwrite: bool,
-                 say: Console) -> RunResult:
+                 say: Console, process_exits: bool) -> RunResult:
     run_dir = layout.location
     store = CheckpointStore(run_dir, fence=run_lease.check)
     choice = resume.choose(job, store, overwrite=overwrite)
@@ -82,6 +89,8 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
     with recovery_settings(job.failure, job.scaling) as controller_env:
+        result: RunResult | None = None
+        error: BaseException | None = None
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
         if connection.warm:
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
@@ -95,12 +104,17 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             where = metrics_endpoint()
             if where:
                 say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
-            attempt = _Attempt(job, run_dir, choice, monitor, say, started)
+            # The CLI leaves as soon as the run is done, on its own embedded cluster (ended by pid
+            # right after) or on the warm local one (Ray ends a job's actors when its driver
+            # leaves): waiting for Ray Train's teardown would only delay the user.
+            fast_exit = process_exits and (connection.embedded or connection.warm)
+            attempt = _Attempt(job, run_dir, choice, monitor, say, started, done_when_finished=fast_exit)
             result, error = attempt.fit(trainer)
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
             _save_summary(run_dir, result, say)
         finally:
-            cluster.disconnect(connection)
+            done = result is not None and error is None and result.status == "finished"
+            cluster.disconnect(connection, process_exits=process_exits and done)
 
     if result.status == "stopped":
         stopped_by = attempt.signals.received or "SIGINT"
@@ -114,9 +128,13 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
 class _Attempt:
     """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
 
-    def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float):
+    def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float,
+                 done_when_finished: bool = False):
         self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
         self.started = started
+        # Stop waiting for trainer.fit() once rank 0 reported the end (checkpoints committed):
+        # what is left is Ray Train's teardown, which the caller's exit makes moot.
+        self.done_when_finished = done_when_finished
         self.watcher = RunWatcher(monitor, job, say, RunMetrics(job.name, started))
         self.signals = StopSignals(on_stop=self._request_stop)
 
@@ -151,8 +169,14 @@ class _Attempt:
         thread.start()
         aborting_since = None
         summarized = False
+        finished_since = None
         while thread.is_alive():
             thread.join(timeout=0.2)
+            if self.done_when_finished and not self.signals.received and thread.is_alive():
+                if finished_since is None and self._finished():
+                    finished_since = time.monotonic()
+                if finished_since is not None and time.monotonic() - finished_since > FINISHED_GRACE_S:
+                    return None
             if self.signals.received and not summarized:
                 summarized = True
                 self._write_partial_summary()  # the sender may kill this process before the workers are done
@@ -165,6 +189,12 @@ class _Attempt:
             if self.signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
                 return outcome["error"] or RuntimeError("stopped before the workers finished")
         return outcome["error"]
+
+    def _finished(self) -> bool:
+        try:
+            return bool(ray.get(self.monitor.finished.remote(), timeout=5))
+        except Exception:  # noqa: BLE001 - then wait for fit() as usual
+            return False
 
     def _request_stop(self, deadline_monotonic: float) -> None:
         grace = max(0.0, deadline_monotonic - time.monotonic())

@@ -55,6 +55,10 @@ class RunMonitor:
     def events_since(self, index: int) -> list[dict[str, Any]]:
         return self._events[index:]
 
+    def finished(self) -> bool:
+        """Whether rank 0 reported the end of training, every checkpoint committed (not a stop)."""
+        return any(e["kind"] == "finished" and not e.get("stopped") for e in self._events)
+
     def begin_group(self, world_size: int) -> dict[str, Any]:
         """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
         self._groups += 1
