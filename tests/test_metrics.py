@@ -126,8 +126,11 @@ def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_value
             ranks = [_value(series, "ray_orchestrator_worker_step_time_seconds", run="metered", rank=str(r))
                      for r in (0, 1)]
             step = _value(series, "ray_orchestrator_global_step", run="metered")
-            ready = restarted and all(ranks) and step and step > 12 and \
-                _value(series, "ray_orchestrator_checkpoint_age_seconds", run="metered") is not None
+            # Every series asserted below (samples/s and step time need two reports of a group).
+            present = all(_value(series, f"ray_orchestrator_{name}", run="metered") is not None for name in (
+                "checkpoint_age_seconds", "samples_per_second", "step_time_seconds", "loss", "goodput",
+                "checkpoints_committed_total", "checkpoint_step", "checkpoint_stall_seconds", "epoch"))
+            ready = restarted and all(ranks) and step and step > 12 and present
             return series if ready else None
 
         series = _wait(complete, 180, lines)
