@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,11 +203,7 @@ def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
     if connection.address == "existing":
         return
     if process_exits and connection.embedded and connection.session_dir:
-        for pid in session_pids(connection.session_dir):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        end_processes(session_pids(connection.session_dir), grace_s=0)
     else:
         ray.shutdown()
     if connection.embedded:
@@ -251,6 +248,25 @@ def reap_orphans() -> list[int]:
     if ended:
         log.warning("ended %d Ray process(es) left behind by a driver that was killed", len(ended))
     return ended
+
+
+def end_processes(pids: list[int], grace_s: float) -> None:
+    """SIGTERM the processes and give them `grace_s` to end, then SIGKILL what is left
+    (`grace_s` 0: SIGKILL at once)."""
+    if grace_s > 0:
+        _signal(pids, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+            time.sleep(0.1)
+    _signal([p for p in pids if is_alive(p)], signal.SIGKILL)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def is_alive(pid: int) -> bool:

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from orchestrator.cluster import QUIET_RAY_ENV, is_alive, session_pids, state_dir
+from orchestrator.cluster import QUIET_RAY_ENV, end_processes, session_pids, state_dir
 from orchestrator.errors import UserError
 
 RECORD_NAME = "warm-cluster.json"
@@ -55,12 +54,18 @@ def _answers(address: str) -> bool:
         return False
 
 
-def current() -> WarmCluster | None:
-    """The warm cluster, if one is up; a record whose cluster is gone is cleaned up."""
+def _recorded() -> WarmCluster | None:
     try:
         with open(_record_path()) as f:
-            warm = WarmCluster(**json.load(f))
+            return WarmCluster(**json.load(f))
     except (OSError, ValueError, TypeError):
+        return None
+
+
+def current() -> WarmCluster | None:
+    """The warm cluster, if one is up; a record whose cluster is gone is cleaned up."""
+    warm = _recorded()
+    if warm is None:
         return None
     if _answers(warm.address) and session_pids(warm.session_dir):
         return warm
@@ -103,12 +108,9 @@ def up(num_cpus: int | None = None) -> tuple[WarmCluster, bool]:
 
 def down() -> WarmCluster | None:
     """End the warm cluster's processes and remove its files; the cluster that was up, or None."""
-    try:
-        with open(_record_path()) as f:
-            warm = WarmCluster(**json.load(f))
-    except (OSError, ValueError, TypeError):
-        return None
-    _remove(warm)
+    warm = _recorded()
+    if warm is not None:
+        _remove(warm)
     return warm
 
 
@@ -122,17 +124,5 @@ def _remove(warm: WarmCluster) -> None:
 
 
 def _end(session_dir: str) -> None:
-    pids = session_pids(session_dir)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
-        time.sleep(0.1)
-    for pid in session_pids(session_dir):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    end_processes(session_pids(session_dir), grace_s=STOP_GRACE_S)
+    end_processes(session_pids(session_dir), grace_s=0)  # any started meanwhile
