@@ -46,6 +46,8 @@ CHECKPOINTS = ("checkpoints_committed", "Checkpoints committed during this run."
 WORKER_STEP_TIME = ("worker_step_time_seconds", "Seconds per optimizer step on one worker, since its previous "
                     "report.")
 
+# Seconds between recomputations of the live goodput (Ray exports about every 10 s anyway).
+GOODPUT_EVERY_S = 5.0
 # What a worker group's start is counted as when no failure preceded it (an elastic resize).
 RESIZE = "resize"
 
@@ -70,6 +72,7 @@ class RunMetrics:
         self._last_progress: tuple[int, int, float] | None = None  # (group, step, time)
         self._stall_by_group: dict[int, float] = {}
         self._newest_checkpoint_time: float | None = None
+        self._goodput_at = float("-inf")
 
     def observe(self, event: dict[str, Any]) -> None:
         """One event of the run monitor (see monitor.py), in the order they were pushed."""
@@ -126,7 +129,9 @@ class RunMetrics:
         now = time.time() if now is None else now
         if self._newest_checkpoint_time is not None:
             self.values["checkpoint_age_seconds"] = max(0.0, now - self._newest_checkpoint_time)
-        if any(e["kind"] == "progress" for e in self._goodput_events):
+        # Goodput reads every event so far: recomputed every GOODPUT_EVERY_S, not at each poll.
+        if now - self._goodput_at >= GOODPUT_EVERY_S and any(e["kind"] == "progress" for e in self._goodput_events):
+            self._goodput_at = now
             self.values["goodput"] = compute_goodput(self._goodput_events, started=self.started, ended=now)["goodput"]
         for name, value in self.values.items():
             self._gauges[name].set(value, tags=self._tags)
