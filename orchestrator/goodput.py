@@ -106,6 +106,8 @@ def compute(events: list[dict[str, Any]], *, started: float, ended: float,
         "lost_s": {k: round(v, 3) for k, v in lost.items()},
         "recomputed_steps": recomputed_steps,
         "goodput": round(productive / wall, 4),
+        # 0 when no group has two distinct steps yet: productive time cannot be judged then.
+        "step_time_s": round(typical, 6),
     }
 
 

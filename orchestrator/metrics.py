@@ -132,7 +132,11 @@ class RunMetrics:
         # Goodput reads every event so far: recomputed every GOODPUT_EVERY_S, not at each poll.
         if now - self._goodput_at >= GOODPUT_EVERY_S and any(e["kind"] == "progress" for e in self._goodput_events):
             self._goodput_at = now
-            self.values["goodput"] = compute_goodput(self._goodput_events, started=self.started, ended=now)["goodput"]
+            goodput = compute_goodput(self._goodput_events, started=self.started, ended=now)
+            # Until some group has a step time, its steps are worth nothing in the sum: a 0 would
+            # be a false alarm, so the gauge waits (a dashboard shows no value yet).
+            if goodput["step_time_s"] > 0:
+                self.values["goodput"] = goodput["goodput"]
         for name, value in self.values.items():
             self._gauges[name].set(value, tags=self._tags)
         for name, value in self.user.items():

@@ -59,6 +59,19 @@ def test_step_time_stall_loss_user_metrics_checkpoint_age_and_goodput_follow_the
     assert 0 < values["goodput"] < 1
 
 
+def test_goodput_waits_for_a_step_time_instead_of_reporting_a_false_zero():
+    """A group killed after one report, and its successor's first report: no step time is known
+    yet, so the steps cannot be valued. The gauge stays unset until they can."""
+    metrics = RunMetrics("r", started=0.0)
+    for event in (_started(1, 2, 1.0), _progress(1, 8, 2.0), _started(2, 2, 5.0), _progress(2, 9, 6.0)):
+        metrics.observe(event)
+    metrics.refresh(now=7.0)
+    assert "goodput" not in metrics.values
+    metrics.observe(_progress(2, 19, 8.0))
+    metrics.refresh(now=13.0)
+    assert 0 < metrics.values["goodput"] < 1
+
+
 def test_the_grafana_dashboard_plots_every_exported_metric_and_only_those():
     import json
     import os
