@@ -25,6 +25,7 @@ from orchestrator.lightning_cli_config import merge_lightning_config
 from orchestrator.spec_data import DataSpec, parse_data
 from orchestrator.spec_lightning import (
     check_lightning_class,
+    check_logger_package,
     checkpoint_settings,
     is_model_checkpoint,
     merge_checkpoint,
@@ -402,6 +403,7 @@ def _loggers(raw: Any, path: str, check_imports: bool) -> list[ClassRef]:
         if check_imports:
             cls = import_object(ref.class_path, f"{where}.class_path")
             check_lightning_class(cls, ref.class_path, f"{where}.class_path", "logger")
+            check_logger_package(cls, ref.class_path, f"{where}.class_path")
         loggers.append(ref)
     return loggers
 
@@ -455,12 +457,13 @@ def _check_logger_storage(lightning: LightningSpec, storage: str) -> None:
     if "://" not in storage or storage.startswith("file://"):
         return
     for i, ref in enumerate(lightning.logger):
-        if "save_dir" not in ref.init_args:
+        if "save_dir" not in ref.init_args and "tracking_uri" not in ref.init_args:
             raise SpecError(
                 f"field 'lightning.logger': {ref.class_path} would write into the run directory, but storage "
                 f"{storage!r} is an object store, where Lightning's loggers do not write by default. Fix: set "
                 f"lightning.logger{'' if len(lightning.logger) == 1 else f'[{i}]'}.init_args.save_dir to a "
-                "directory (a shared mount, so that the logs outlive the node)."
+                "directory (a shared mount, so that the logs outlive the node), or, for MLFlowLogger, "
+                "init_args.tracking_uri to your MLflow server."
             )
 
 

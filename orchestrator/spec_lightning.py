@@ -135,6 +135,26 @@ def check_lightning_class(cls: type, class_path: str, path: str, role: str) -> N
         )
 
 
+# Lightning's loggers that need a package of their own, which Lightning imports only when the
+# logger is built: checked on the driver, so that a missing one is not found by every worker.
+LOGGER_PACKAGES = {"MLFlowLogger": ("mlflow", "mlflow-skinny"), "WandbLogger": ("wandb", "wandb"),
+                   "CometLogger": ("comet_ml", "comet-ml"), "NeptuneLogger": ("neptune", "neptune")}
+
+
+def check_logger_package(cls: type, class_path: str, path: str) -> None:
+    """A logger whose package is not installed is refused at validation, naming what to install."""
+    import importlib.util
+
+    for base in cls.__mro__:
+        module, package = LOGGER_PACKAGES.get(base.__name__, (None, None))
+        if module is not None and base.__module__.startswith("lightning.pytorch.loggers"):
+            if importlib.util.find_spec(module) is None:
+                raise SpecError(
+                    f"field '{path}': {class_path!r} needs the {module!r} package, which is not installed "
+                    f"here. Fix: pip install {package} (on every node of the cluster), or remove the logger.")
+            return
+
+
 def _old_package_base(name: str) -> type | None:
     try:
         import pytorch_lightning

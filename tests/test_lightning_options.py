@@ -11,6 +11,7 @@ import os
 import tempfile
 
 import pytest
+from mlflow import MlflowClient
 
 import orchestrator
 from orchestrator.checkpoint import CheckpointStore
@@ -31,7 +32,8 @@ def recorded(folder) -> list[dict]:
 
 
 @pytest.mark.timeout(400)
-def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(tmp_path):
+def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(
+        tmp_path, monkeypatch):
     records = tmp_path / "records"
     records.mkdir()
     spec = {
@@ -48,7 +50,8 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
                  "init_args": {"save_top_k": 2, "monitor": "val_loss", "mode": "max"}},
             ],
             "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger"},
-                       {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}],
+                       {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"},
+                       {"class_path": "lightning.pytorch.loggers.MLFlowLogger"}],
         },
         "scaling": {"num_workers": 2},
     }
@@ -76,7 +79,7 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
 
     # One logger run for both: the CSV holds every epoch once, in step order; TensorBoard one folder.
     logs = tmp_path / "runs" / "options" / "logs" / "lightning"
-    assert sorted(os.listdir(logs)) == ["csv", "tensorboard"]
+    assert sorted(os.listdir(logs)) == ["csv", "mlflow", "mlflow-run.json", "tensorboard"]
     with open(logs / "csv" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     epochs = [int(float(row["epoch"])) for row in rows if row.get("val_loss")]
@@ -87,3 +90,14 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
     entries = os.listdir(logs / "tensorboard")
     assert not [n for n in entries if (logs / "tensorboard" / n).is_dir()], entries
     assert len([n for n in entries if n.startswith("events.out.tfevents")]) >= 2, entries
+    # MLflow: one run in its file store under the run directory, continued by the resume: a
+    # validation loss for each of the five epochs, at rising steps.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as a user reading it does (README)
+    client = MlflowClient(tracking_uri=f"file:{logs / 'mlflow'}")
+    experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    assert len(experiments) == 1
+    runs = client.search_runs([experiments[0].experiment_id])
+    assert len(runs) == 1, "the resume continued the first run's MLflow run"
+    history = client.get_metric_history(runs[0].info.run_id, "val_loss")
+    assert len(history) == 5 and [m.step for m in history] == sorted(m.step for m in history)
+    assert runs[0].data.params.get("hidden") == "32"

@@ -36,7 +36,7 @@ from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_globa
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
-from orchestrator.runtime.lightning_loggers import build_loggers, continue_csv
+from orchestrator.runtime.lightning_loggers import build_loggers, continue_logger_runs
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.train_state import Progress
@@ -271,7 +271,8 @@ def _train(session: WorkerSession, scratch: str) -> None:
     )
     trainer = prepare_trainer(trainer)
     if session.rank == 0:
-        continue_csv(loggers, restored.info.step if restored is not None else None)
+        continue_logger_runs(loggers, restored.info.step if restored is not None else None,
+                             session.run_dir.lightning_logs)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except StopTraining:
