@@ -245,6 +245,31 @@ def test_a_sharded_checkpoint_commits_only_when_every_rank_wrote_its_shard(store
     assert loads_state(files["shard-2.pt"], source="t")["rank"] == 2
 
 
+def test_a_shard_receipt_seen_while_it_is_still_being_written_is_waited_for(store):
+    """On a local filesystem a receipt exists, empty, from its creation to its last byte: rank 0
+    must wait for it to be whole (it once failed the save with a JSONDecodeError)."""
+    import threading
+
+    m = Manifest(step=7, epoch=0, batch_in_epoch=7, world_size=2, kind="torch", files={})
+    store.write_shard(7, "tok", 0, {"shard-0.pt": dumps_state({"rank": 0})})
+    staging = os.path.join(store.root.path, f"{TMP_PREFIX}step-000000007-tok")
+    receipt = os.path.join(staging, "shard-00001-tok.json")
+    open(receipt, "wb").close()  # rank 1 has created its receipt, not yet written it
+
+    def rank_1_finishes():
+        time.sleep(0.5)
+        store.write_shard(7, "tok", 1, {"shard-1.pt": dumps_state({"rank": 1})})
+
+    writer = threading.Thread(target=rank_1_finishes)
+    writer.start()
+    try:
+        info = store.commit_shards(m, "tok", timeout_s=30, poll_s=0.05)
+    finally:
+        writer.join()
+    assert info.status == "committed"
+    assert sorted(store.read_files(store.committed()[-1])) == ["shard-0.pt", "shard-1.pt"]
+
+
 def test_a_second_save_of_a_committed_step_keeps_the_committed_checkpoint(store):
     first = commit(store, 10)
     before = open(os.path.join(first.location.path, "manifest.json"), "rb").read()

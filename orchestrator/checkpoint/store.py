@@ -344,7 +344,7 @@ class CheckpointStore:
         phases.reached("verified", info.step)
         return info
 
-    # --- sharded state (FSDP/DeepSpeed): every rank writes its own shard -------------------------
+    # --- sharded state (FSDP): every rank writes its own shard ------------------------------------
 
     def _staging(self, step: int, token: str) -> Location:
         name = step_dir_name(step)
@@ -392,18 +392,24 @@ class CheckpointStore:
             return existing
         loc = self._staging(step, token)
         receipts = [self._receipt(loc, r, token) for r in range(manifest.world_size)]
+        read: dict[int, dict] = {}
         deadline = time.monotonic() + timeout_s
-        while not all(storage.exists(r) for r in receipts):
+        while len(read) < len(receipts):
+            for rank, receipt in enumerate(receipts):
+                if rank not in read and (content := _whole_receipt(receipt)) is not None:
+                    read[rank] = content
+            if len(read) == len(receipts):
+                break
             if time.monotonic() > deadline:
-                missing = [r.path.rsplit("/", 1)[-1] for r in receipts if not storage.exists(r)]
+                missing = [r.path.rsplit("/", 1)[-1] for i, r in enumerate(receipts) if i not in read]
                 raise TimeoutError(f"checkpoint step {step} not committed: shards {missing} "
                                    f"still missing in {loc.uri} after {timeout_s:.0f} s. Every worker writes "
                                    "its own shard there, so the storage must be shared by every node "
                                    "(a shared mount or an object store)")
             time.sleep(poll_s)
         files = {}
-        for receipt in receipts:
-            for fname, entry in json.loads(storage.read_bytes(receipt)).items():
+        for rank in range(len(receipts)):
+            for fname, entry in read[rank].items():
                 files[fname] = FileEntry(**entry)
         manifest.files = files
         phases.reached("files_written", step)
@@ -513,3 +519,14 @@ def _tmp_step(name: str) -> int:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _whole_receipt(receipt: Location) -> dict | None:
+    """A shard's receipt once it is whole; None while it is missing or still being written (on a
+    local filesystem the file exists, empty or partial, from its creation until its last byte)."""
+    if not storage.exists(receipt):
+        return None
+    try:
+        return json.loads(storage.read_bytes(receipt))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
