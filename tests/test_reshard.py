@@ -102,3 +102,47 @@ def test_dim0_rows_split_as_torch_chunk_does():
                 start, stop = dim0_rows(rows, world, rank)
                 expected = chunks[rank].tolist() if rank < len(chunks) else []
                 assert tensor[start:stop].tolist() == expected, (rows, world, rank)
+
+
+class _Tied(torch.nn.Module):
+    """An embedding and an output layer sharing one weight, as GPT-2 ties them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(10, 4)
+        self.mid = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.mid(self.emb(x)))
+
+
+def _tied_worker(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = shard_model(_Tied(), torch.device("cpu"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(2):
+            model(torch.tensor([1, 2, 3])).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        still_tied = model.head.weight is model.emb.weight
+        equal = torch.equal(model.head.weight.full_tensor(), model.emb.weight.full_tensor())
+        if rank == 0:
+            with open(os.path.join(folder, "tied.txt"), "w") as f:
+                f.write(f"{still_tied} {equal} {len(list(model.parameters()))}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_tied_weights_are_sharded_together_and_stay_one_parameter(tmp_path):
+    """Sharded apart, the embedding and the output layer would each get a copy of the weight and
+    the tie would silently break (or FSDP refuses it at the first forward)."""
+    mp.start_processes(_tied_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn",
+                       join=True)
+    assert (tmp_path / "tied.txt").read_text() == "True True 3"

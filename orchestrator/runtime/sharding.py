@@ -43,11 +43,44 @@ def shard_model(model: torch.nn.Module, device: torch.device, **fsdp_kwargs: Any
     from torch.distributed.fsdp import fully_shard
 
     model.to(device)
-    for module in list(model.modules())[1:]:
-        if any(True for _ in module.parameters(recurse=False)):
-            fully_shard(module, **fsdp_kwargs)
+    shard_submodules(model, **fsdp_kwargs)
     fully_shard(model, **fsdp_kwargs)
     return model
+
+
+def shard_submodules(model: torch.nn.Module, **fsdp_kwargs: Any) -> None:
+    """fully_shard each submodule of `model` (not `model` itself) that owns parameters.
+
+    Modules that share a parameter (tied weights: an embedding and the output layer) are sharded
+    together, as one group: sharded apart, each would hold its own copy and the tie would be
+    silently broken (or FSDP refuses it at the first forward).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    submodules = list(model.modules())[1:]
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in submodules:
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+    done: set[int] = set()
+    for module in submodules:
+        if id(module) in done or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        group = _sharing_parameters(module, owners)
+        done.update(id(m) for m in group)
+        fully_shard(group if len(group) > 1 else group[0], **fsdp_kwargs)
+
+
+def _sharing_parameters(module: torch.nn.Module, owners: dict[int, list[torch.nn.Module]]) -> list[torch.nn.Module]:
+    """`module` and every module that shares a parameter with it, directly or through others."""
+    group, pending = [module], [module]
+    while pending:
+        for param in pending.pop().parameters(recurse=False):
+            for other in owners[id(param)]:
+                if all(other is not m for m in group):
+                    group.append(other)
+                    pending.append(other)
+    return group
 
 
 def local_state(state: Any) -> Any:
