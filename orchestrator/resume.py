@@ -71,13 +71,13 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             f"checkpoint {choice.uri} was written by a '{manifest.kind}' job but this spec is a '{spec.kind}' "
             "job, so its state cannot be loaded. Fix: use another run name, or resume_from: none with --overwrite."
         )
-    sharded = spec.torch is not None and spec.torch.strategy == "fsdp"
-    if manifest.sharded != sharded:
+    if manifest.sharded != spec.sharded:
         written, wanted = ("fsdp", "ddp") if manifest.sharded else ("ddp", "fsdp")
+        field = spec.strategy_field
         raise CheckpointError(
-            f"checkpoint {choice.uri} was written with torch.strategy: {written} but this spec uses {wanted}; "
+            f"checkpoint {choice.uri} was written with {field}: {written} but this spec uses {wanted}; "
             "converting between a sharded and a whole-model checkpoint is not supported. Fix: set "
-            f"torch.strategy: {written} to resume it, or start a new run (another name, or resume_from: none)."
+            f"{field}: {written} to resume it, or start a new run (another name, or resume_from: none)."
         )
     low, high = spec.scaling.min_workers, spec.scaling.num_workers
     if not low <= manifest.world_size <= high:

@@ -35,7 +35,7 @@ DEFAULT_STORAGE = "~/orchestrator-runs"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PLACEMENTS = ("spread", "pack")
 # Strategies each path offers. FSDP on the Lightning path comes with its own issue.
-LIGHTNING_STRATEGIES = ("ddp",)
+LIGHTNING_STRATEGIES = ("ddp", "fsdp")
 TORCH_STRATEGIES = ("ddp", "fsdp")
 # Trainer arguments the orchestrator sets itself: a user value would fight the placement Ray made.
 OWNED_TRAINER_ARGS = {
@@ -74,7 +74,10 @@ class LightningSpec:
     data: ClassRef | None
     # Keyword arguments for lightning.Trainer, checked against its signature.
     trainer: dict[str, Any]
-    # ddp is the only strategy built so far on this path (fsdp: see TorchSpec.strategy).
+    # ddp: a full copy of the model per rank (Ray's RayDDPStrategy). fsdp: parameters, gradients
+    # and optimizer state sharded over the ranks with FSDP2 (fully_shard), on CPUs and GPUs; a
+    # module without a configure_model of its own is sharded per submodule, and every rank
+    # writes its own shard of each checkpoint (orchestrator/runtime/lightning_fsdp.py).
     strategy: str = "ddp"
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
     # translated into the checkpoint: section instead: orchestrator/spec_lightning.py).
@@ -202,6 +205,15 @@ class JobSpec:
     @property
     def kind(self) -> str:
         return "lightning" if self.lightning is not None else "torch"
+
+    @property
+    def sharded(self) -> bool:
+        """fsdp on either path: every rank holds, and checkpoints, its own part of the state."""
+        return (self.lightning or self.torch).strategy == "fsdp"
+
+    @property
+    def strategy_field(self) -> str:
+        return "lightning.trainer.strategy" if self.lightning is not None else "torch.strategy"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -369,11 +381,19 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
     if trainer.get("logger") in (False, None):
         trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
     strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
+    if strategy.startswith("deepspeed"):
+        raise SpecError(
+            f"field 'lightning.trainer.strategy': {strategy!r} is not built on the Lightning path yet: "
+            "DeepSpeed needs its own package and CUDA GPUs, and its checkpoints would bypass the "
+            "orchestrator's store (no exact resume, no retention, no verified commits). Fix: set "
+            "strategy: fsdp, which shards parameters, gradients and optimizer state (ZeRO-3) with "
+            "PyTorch's FSDP2 and checkpoints one shard per rank through the store."
+        )
     if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
             f"field 'lightning.trainer.strategy': {strategy!r} is not available on the Lightning path. "
-            f"Valid choices: {', '.join(LIGHTNING_STRATEGIES)}. Fix: set strategy: ddp (sharded training "
-            "is available on the plain-torch path with torch.strategy: fsdp)."
+            f"Valid choices: {', '.join(LIGHTNING_STRATEGIES)}. Fix: set strategy: ddp, or fsdp to shard "
+            "the model over the ranks."
         )
     _check_trainer_args(trainer, f"{path}.trainer")
     if trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import uuid
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,14 +37,23 @@ from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_globa
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
+from orchestrator.runtime.lightning_fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.runtime.lightning_loggers import build_loggers, continue_logger_runs
 from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
+from orchestrator.runtime.sharding import full_model_state, local_state
 from orchestrator.runtime.train_state import Progress
 
 log = logging.getLogger("orchestrator.worker")
 
 CKPT_FILE = "lightning.ckpt"
+
+
+def shard_file(rank: int) -> str:
+    """Rank `rank`'s file of a sharded checkpoint (lightning.trainer.strategy: fsdp): Lightning's
+    whole checkpoint dict, with this rank's part of the model and optimizer states."""
+    return f"lightning-{rank:05d}.ckpt"
+
 # The "path" Lightning is given to save to and resume from: StoreCheckpointIO maps it to the store.
 STORE_PATH_PREFIX = "orchestrator-store://"
 # Extra key in Lightning's checkpoint dict: our per-rank state (RNG), in rank order.
@@ -119,8 +129,8 @@ class OrchestratorCallback(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not self._snapshot_prepared and trainer.global_step > 0:  # the optimizer state exists now
             self._snapshot_prepared = True
-            self.session.prepare_snapshot({"model": pl_module.state_dict(),
-                                           "optimizers": [o.state_dict() for o in trainer.optimizers]})
+            state = {"model": pl_module.state_dict(), "optimizers": [o.state_dict() for o in trainer.optimizers]}
+            self.session.prepare_snapshot(local_state(state) if self.session.sharded else state)
         self.session.count_samples(batch_len(batch))
         step_due, consumed = self.order.micro_batch_done(trainer.current_epoch)
         if step_due:
@@ -197,23 +207,31 @@ class OrchestratorCallback(Callback):
             self._snapshot_and_commit(trainer, reason)
 
     def _snapshot_and_commit(self, trainer: pl.Trainer, reason: str) -> None:
-        self._ranks = self.session.gather({"rng": capture_rng()})
+        local: dict[str, Any] = {"rng": capture_rng()}
+        if self.session.sharded:  # rank 0's token names this save's staging folder on every rank
+            local["token"] = uuid.uuid4().hex[:8]
+        gathered = self.session.gather(local)
+        self._ranks = [{"rng": entry["rng"]} for entry in gathered]
+        self._token = gathered[0].get("token", "")
         self._reason = reason
         # Lightning's own checkpoint dict (model, optimizers, schedulers, loops), built on every
-        # rank by the public API; on rank 0 it arrives in StoreCheckpointIO -> commit_checkpoint.
+        # rank by the public API; it arrives in StoreCheckpointIO -> commit_checkpoint on rank 0,
+        # or, sharded, on every rank with that rank's part of the states.
         trainer.save_checkpoint(f"{STORE_PATH_PREFIX}{reason}", weights_only=False)
-        if self.session.rank != 0:
+        if self.session.rank != 0 and not self.session.sharded:
             self.session.commit(self.progress, reason, dict)
 
     def commit_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Rank 0: Lightning's checkpoint dict plus our state, snapshotted and handed to the writer."""
+        """Rank 0 (sharded: every rank): Lightning's checkpoint dict plus our state, snapshotted
+        and handed to the writer."""
         checkpoint[RANKS_KEY] = self._ranks
         checkpoint[DATA_KEY] = {"epoch": self.progress.epoch, "consumed": self.progress.consumed}
         # Paths and enums in hyperparameters become plain values; anything that could only be
         # unpickled is refused now, naming it, rather than at the first resume.
         checkpoint = plain_state(checkpoint)
         snapshot = self.session.snapshot(checkpoint)
-        self.session.commit(self.progress, self._reason, lambda: {CKPT_FILE: Serialized(snapshot)})
+        fname = shard_file(self.session.rank) if self.session.sharded else CKPT_FILE
+        self.session.commit(self.progress, self._reason, lambda: {fname: Serialized(snapshot)}, token=self._token)
 
 
 SCRATCH_PREFIX = "orchestrator-lightning-"
@@ -243,7 +261,8 @@ def _remove_scratch_of_dead_workers() -> None:
 def _train(session: WorkerSession, scratch: str) -> None:
     spec = session.spec.lightning
     seed_everything(session.spec.seed)
-    restored = session.start()
+    # A sharded checkpoint holds a file per rank: this rank keeps only its own in memory.
+    restored = session.start(keep={CKPT_FILE, shard_file(session.rank)}.__contains__)
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = (spec.data.build() if spec.data is not None
@@ -254,6 +273,13 @@ def _train(session: WorkerSession, scratch: str) -> None:
 
     callback = OrchestratorCallback(session, pending_rng, order)
     checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
+    if spec.strategy == "fsdp":
+        import ray.train.torch
+
+        strategy = ShardedLightningStrategy(session.world_size, ray.train.torch.get_device(),
+                                            load_parts=_reshard_loader(session, restored))
+    else:
+        strategy = RayDDPStrategy()
     ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
     loggers = build_loggers(spec.logger, session.run_dir.lightning_logs)
     # Quiet by default (the driver prints progress); a user's own value wins.
@@ -263,13 +289,14 @@ def _train(session: WorkerSession, scratch: str) -> None:
         **trainer_args,
         devices="auto",
         accelerator="gpu" if session.spec.scaling.use_gpu else "cpu",
-        strategy=RayDDPStrategy(),
+        strategy=strategy,
         plugins=[RayLightningEnvironment(), checkpoint_io],
         callbacks=[callback, *(ref.build() for ref in spec.callbacks)],
         enable_checkpointing=False,
         default_root_dir=scratch,
     )
-    trainer = prepare_trainer(trainer)
+    if spec.strategy != "fsdp":
+        trainer = prepare_trainer(trainer)  # Ray's check of its own strategies
     if session.rank == 0:
         continue_logger_runs(loggers, restored.info.step if restored is not None else None,
                              session.run_dir.lightning_logs)
@@ -277,8 +304,7 @@ def _train(session: WorkerSession, scratch: str) -> None:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except StopTraining:
         # The stop checkpoint is in the writer's hands; finish() commits it.
-        session.finish(callback.progress, weights_sha256(model.state_dict()) if session.rank == 0 else "", {},
-                       stopped=True)
+        session.finish(callback.progress, _fingerprint(session, model), {}, stopped=True)
         return
     callback.progress.step = trainer.global_step
     test_metrics: dict[str, float] = {}
@@ -286,8 +312,30 @@ def _train(session: WorkerSession, scratch: str) -> None:
         results = trainer.test(model, datamodule=datamodule, verbose=False)
         for result in results:
             test_metrics.update(_metric_floats(result))
-    fingerprint = weights_sha256(model.state_dict()) if session.rank == 0 else ""
-    session.finish(callback.progress, fingerprint, test_metrics)
+    session.finish(callback.progress, _fingerprint(session, model), test_metrics)
+
+
+def _fingerprint(session: WorkerSession, model: pl.LightningModule) -> str:
+    """The whole model's weights hash, on rank 0 (sharded: gathered first, so every rank calls it)."""
+    state = full_model_state(model) if session.sharded else model.state_dict() if session.rank == 0 else {}
+    return weights_sha256(state) if session.rank == 0 else ""
+
+
+def _reshard_loader(session: WorkerSession, restored: Restored | None):
+    """Sharded, resumed at another world size: this rank's parts rebuilt from the old ranks' files
+    (read one at a time, checked against their checksums); None when no resharding is needed."""
+    if restored is None or restored.manifest.world_size == session.world_size:
+        return None
+    old_world = restored.manifest.world_size
+
+    def read_old(old_rank: int) -> dict[str, Any]:
+        fname = shard_file(old_rank)
+        raw = restored.files.get(fname) or session.store.read_files(restored.info, fname.__eq__,
+                                                                     verify_all=False)[fname]
+        return loads_state(raw, source=f"{restored.info.uri}/{fname}")
+
+    return lambda objects: reshard_parts(objects, read_old, old_world=old_world, world_size=session.world_size,
+                                         rank=session.rank)
 
 
 def _prepare_resume(session: WorkerSession, restored: Restored | None
@@ -297,7 +345,14 @@ def _prepare_resume(session: WorkerSession, restored: Restored | None
     the training data's position."""
     if restored is None:
         return None, None, {"epoch": 0, "consumed": 0}
-    state = loads_state(restored.files.pop(CKPT_FILE), source=f"{restored.info.uri}/{CKPT_FILE}")
+    if session.sharded:  # this rank's own shard; at another world size, rank 0's (resharded later)
+        fname = shard_file(session.rank if restored.manifest.world_size == session.world_size else 0)
+    else:
+        fname = CKPT_FILE
+    raw = restored.files.pop(fname, None)
+    if raw is None:
+        raw = session.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
+    state = loads_state(raw, source=f"{restored.info.uri}/{fname}")
     ranks = state.pop(RANKS_KEY, None) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
     position = state.pop(DATA_KEY, None) or {"epoch": restored.manifest.epoch, "consumed": restored.manifest.consumed}

@@ -81,8 +81,8 @@ class WorkerSession:
         # holds the run: an orphaned group of a driver that was replaced changes nothing.
         self.store = CheckpointStore(self.run_dir.location, fence=None if generation is None else
                                      (lambda: lease.fence(self.run_dir, generation)))
-        # Sharded state (torch.strategy: fsdp): every rank writes its own part of each checkpoint.
-        self.sharded = self.spec.torch is not None and self.spec.torch.strategy == "fsdp"
+        # Sharded state (fsdp on either path): every rank writes its own part of each checkpoint.
+        self.sharded = self.spec.sharded
         self.writer = AsyncCheckpointWriter(
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 or self.sharded else None
