@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
+from conftest import assert_resumed_to_clean_weights
 
 import orchestrator
 from orchestrator import storage
@@ -64,6 +66,22 @@ def test_a_finished_run_is_reported_and_not_trained_again(quickstart):
     again = orchestrator.run("jobs/quickstart.yaml", storage=os.path.dirname(quickstart.run_dir), console=None)
     assert again.status == "already_finished"
     assert again.weights_sha256 == quickstart.weights_sha256
+
+
+@pytest.mark.timeout(400)
+def test_the_quickstart_killed_mid_epoch_while_reading_its_parquet_data_ends_with_the_clean_weights(
+        quickstart, tmp_path):
+    """The Lightning path through the spec's data: section: a worker SIGKILLed mid-epoch resumes
+    from the step-50 checkpoint (epoch 3, batch 8 of 21) at its row of the global order, and the
+    run ends with the uninterrupted quickstart's weights, bit for bit."""
+    kill_at = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(51, 62)))
+    marker = str(tmp_path / "kill-marker")
+    killed = orchestrator.run("jobs/quickstart.yaml", storage=str(tmp_path / "runs"), console=None,
+                              lightning__model__class_path="faulty.KilledOnceClassifier",
+                              lightning__model__init_args__kill_at=kill_at,
+                              lightning__model__init_args__marker=marker)
+    assert killed.starts[-1]["restored_step"] == 50, killed.starts
+    assert_resumed_to_clean_weights(killed, quickstart, marker, kill_at)
 
 
 @pytest.mark.timeout(400)
