@@ -38,8 +38,9 @@ OPTIMIZERS_KEY = "optimizer_states"
 class ShardedLightningStrategy(ModelParallelStrategy):
     """FSDP2 for a Lightning module trained by a Ray Train worker group (see the module's docstring).
 
-    `load_parts(objects)`: on resume, this rank's saved parts for `objects` ({MODEL_KEY: model,
-    "optimizer_<i>": optimizer}), already resharded for this world size if needed.
+    `load_parts(objects)`: on a resume at another world size, this rank's parts for `objects`
+    ({MODEL_KEY: model, "optimizer_<i>": optimizer}) rebuilt from the old ranks' files; None when
+    the checkpoint handed to `load_checkpoint` is this rank's own shard.
     """
 
     def __init__(self, world_size: int, device: torch.device,
@@ -110,9 +111,7 @@ class ShardedLightningStrategy(ModelParallelStrategy):
         checkpoint = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
         objects = {MODEL_KEY: self.lightning_module,
                    **{f"optimizer_{i}": optimizer for i, optimizer in enumerate(self.optimizers)}}
-        parts = self._load_parts(objects) if self._load_parts is not None else {
-            MODEL_KEY: checkpoint[MODEL_KEY],
-            **{f"optimizer_{i}": state for i, state in enumerate(checkpoint.get(OPTIMIZERS_KEY, []))}}
+        parts = self._load_parts(objects) if self._load_parts is not None else checkpoint_parts(checkpoint)
         for name, obj in objects.items():
             if name in parts:
                 load_local_state(obj, parts[name])
