@@ -32,6 +32,14 @@ class PathsClassifier(DigitsClassifier):
         self.save_hyperparameters()
 
 
+class LazyBuildClassifier(DigitsClassifier):
+    """The quickstart model with a configure_model that only finishes building it (Lightning's
+    documented use for large models), and shards nothing itself."""
+
+    def configure_model(self):
+        self.built = True
+
+
 class EpochRecorder(Callback):
     """A user's callback: one line per rank and epoch end, with the step and the validation loss."""
 

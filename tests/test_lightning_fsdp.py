@@ -12,7 +12,7 @@ import os
 import random
 
 import pytest
-from conftest import assert_resumed_to_clean_weights, run_cli
+from conftest import REPO, assert_resumed_to_clean_weights, run_cli
 from specs import lightning_spec
 
 import orchestrator
@@ -32,7 +32,11 @@ def fsdp_spec(name, storage_dir, **model):
 
 @pytest.mark.timeout(600)
 def test_a_lightning_module_shards_with_fsdp_resumes_bit_for_bit_and_at_another_world_size(tmp_path):
-    clean = orchestrator.run(fsdp_spec("clean", tmp_path), console=None)
+    # Its configure_model shards nothing: the strategy shards the module after it. Unsharded, the
+    # ranks would train apart (nothing would synchronise them), and the killed run below, a
+    # module without a configure_model, would not end with these weights.
+    clean = orchestrator.run(fsdp_spec("clean", tmp_path, model_class="lightning_data_jobs.LazyBuildClassifier"),
+                             console=None)
     assert clean.status == "finished", clean.error
     committed = CheckpointStore.for_run(clean.run_dir).committed()
     assert committed
@@ -50,9 +54,10 @@ def test_a_lightning_module_shards_with_fsdp_resumes_bit_for_bit_and_at_another_
     # (tests/test_reshard.py checks the tensors). A model that was not restored would have
     # trained one epoch only: validation loss 1.36 (measured), against 0.39 resumed.
     spec_file = tmp_path / "clean.yaml"
-    spec_file.write_text(json.dumps(fsdp_spec("clean", tmp_path)))  # JSON is YAML
+    spec_file.write_text(json.dumps(fsdp_spec("clean", tmp_path, model_class="lightning_data_jobs.LazyBuildClassifier")))
+    tests_on_path = {"PYTHONPATH": os.path.join(REPO, "tests")}
     resized = run_cli("run", str(spec_file), "--set", "lightning.trainer.max_epochs=3",
-                      "--set", "scaling.num_workers=1")
+                      "--set", "scaling.num_workers=1", env=tests_on_path)
     assert resized.returncode == 0, resized.stderr
     summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["world_size"] == 1 and summary["epochs"] == 3
@@ -62,6 +67,6 @@ def test_a_lightning_module_shards_with_fsdp_resumes_bit_for_bit_and_at_another_
     assert newest.manifest.world_size == 1 and sorted(newest.manifest.files) == ["lightning-00000.ckpt"]
 
     unsharded = run_cli("run", str(spec_file), "--set", "lightning.trainer.max_epochs=4",
-                        "--set", "lightning.trainer.strategy=ddp")
+                        "--set", "lightning.trainer.strategy=ddp", env=tests_on_path)
     assert unsharded.returncode == 2, unsharded.stderr
     assert "lightning.trainer.strategy: fsdp" in unsharded.stderr and "Traceback" not in unsharded.stderr

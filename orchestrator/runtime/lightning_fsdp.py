@@ -4,11 +4,12 @@ Lightning's own FSDPStrategy wraps with FSDP1 and refuses CPUs (as does Ray's Ra
 built on it), and its ModelParallelStrategy runs FSDP2 (`fully_shard`) but only for modules that
 shard themselves in `configure_model`. This strategy is the latter with the rest filled in:
 
-- a module without a `configure_model` of its own is sharded the way the torch path shards a
-  model (`sharding.shard_model`: each submodule that owns parameters, tied ones together, then
-  the module itself as the root), over one data-parallel mesh of the worker group, and each
-  step (training_step, validation_step, ...) runs inside the module's own forward call, where
-  FSDP's root hooks are; a module that defines `configure_model` shards itself;
+- a module's own `configure_model` runs first (it may shard the module itself; the mesh is
+  `self.device_mesh`). A module left unsharded, by having no `configure_model` or one that only
+  builds layers, is then sharded the way the torch path shards a model (`sharding.shard_model`:
+  each submodule that owns parameters, tied ones together, then the module itself as the root),
+  over one data-parallel mesh of the worker group. Each step (training_step, validation_step,
+  ...) then runs inside the module's own forward call, where FSDP's root hooks are;
 - the devices, ranks and process group come from Ray Train, as in Ray's Lightning strategies;
 - a checkpoint is sharded: every rank hands the store its own part of the model and optimizer
   states, as plain tensors (`sharding.local_state`), through the CheckpointIO plugin; nothing is
@@ -58,11 +59,13 @@ class ShardedLightningStrategy(ModelParallelStrategy):
         return 1  # one worker process per Ray Train worker
 
     def setup_environment(self) -> None:
-        # A module that does not shard itself is given a configure_model that does: Lightning
-        # calls it once the device mesh exists, before the optimizers are built from it.
+        # configure_model is where a module is sharded: Lightning calls it once the device mesh
+        # exists, before the optimizers are built. The module's own runs first (it may shard
+        # itself, or only build layers); whatever it left unsharded is sharded after it.
         module = self.lightning_module
-        if module is not None and not is_overridden("configure_model", module):
-            module.configure_model = types.MethodType(_shard_whole_module(self), module)
+        if module is not None:
+            own = module.configure_model if is_overridden("configure_model", module) else None
+            module.configure_model = types.MethodType(_shard_unless_sharded(self, own), module)
         super().setup_environment()
 
     # --- every step inside the root's forward (Lightning calls training_step, not forward) -----------
@@ -131,15 +134,19 @@ def reshard_parts(objects: dict[str, Any], read_old: Callable[[int], dict[str, A
                           world_size=world_size, rank=rank)
 
 
-def _shard_whole_module(strategy: ShardedLightningStrategy) -> Callable[[Any], None]:
+def _shard_unless_sharded(strategy: ShardedLightningStrategy, own: Callable[[], None] | None
+                          ) -> Callable[[Any], None]:
     def configure_model(module) -> None:
         from torch.distributed.fsdp import FSDPModule
 
-        if isinstance(module, FSDPModule):
-            return  # Lightning calls it again for trainer.test: sharding is done once
-        # Each submodule that owns parameters (tied ones together), then the module itself as
-        # the one root, which `_step` makes run around every step.
-        shard_model(module, strategy.root_device, mesh=strategy.device_mesh["data_parallel"])
+        if own is not None:
+            own()
+        # A module whose configure_model only builds layers would otherwise train unsharded, each
+        # rank on its own, with nothing synchronising the ranks' gradients.
+        if not any(isinstance(m, FSDPModule) for m in module.modules()):
+            # Each submodule that owns parameters (tied ones together), then the module itself
+            # as the one root, which `_step` makes run around every step.
+            shard_model(module, strategy.root_device, mesh=strategy.device_mesh["data_parallel"])
 
     return configure_model
 
