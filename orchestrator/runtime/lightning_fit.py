@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import uuid
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,7 +38,7 @@ from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
 from orchestrator.runtime.lightning_fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.runtime.lightning_loggers import build_loggers, continue_logger_runs
-from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
+from orchestrator.runtime.rng import restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import full_model_state, local_state
 from orchestrator.runtime.train_state import Progress
@@ -207,12 +206,7 @@ class OrchestratorCallback(Callback):
             self._snapshot_and_commit(trainer, reason)
 
     def _snapshot_and_commit(self, trainer: pl.Trainer, reason: str) -> None:
-        local: dict[str, Any] = {"rng": capture_rng()}
-        if self.session.sharded:  # rank 0's token names this save's staging folder on every rank
-            local["token"] = uuid.uuid4().hex[:8]
-        gathered = self.session.gather(local)
-        self._ranks = [{"rng": entry["rng"]} for entry in gathered]
-        self._token = gathered[0].get("token", "")
+        self._ranks, self._token = self.session.gather_for_save()
         self._reason = reason
         # Lightning's own checkpoint dict (model, optimizers, schedulers, loops), built on every
         # rank by the public API; it arrives in StoreCheckpointIO -> commit_checkpoint on rank 0,
@@ -330,9 +324,7 @@ def _reshard_loader(session: WorkerSession, restored: Restored | None):
 
     def read_old(old_rank: int) -> dict[str, Any]:
         fname = shard_file(old_rank)
-        raw = restored.files.get(fname) or session.store.read_files(restored.info, fname.__eq__,
-                                                                     verify_all=False)[fname]
-        return loads_state(raw, source=f"{restored.info.uri}/{fname}")
+        return loads_state(session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
 
     return lambda objects: reshard_parts(objects, read_old, old_world=old_world, world_size=session.world_size,
                                          rank=session.rank)
@@ -349,10 +341,8 @@ def _prepare_resume(session: WorkerSession, restored: Restored | None
         fname = shard_file(session.rank if restored.manifest.world_size == session.world_size else 0)
     else:
         fname = CKPT_FILE
-    raw = restored.files.pop(fname, None)
-    if raw is None:
-        raw = session.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
-    state = loads_state(raw, source=f"{restored.info.uri}/{fname}")
+    state = loads_state(session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+    restored.files.pop(fname, None)  # Lightning gets the loaded state; the bytes are not needed again
     ranks = state.pop(RANKS_KEY, None) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
     position = state.pop(DATA_KEY, None) or {"epoch": restored.manifest.epoch, "consumed": restored.manifest.consumed}

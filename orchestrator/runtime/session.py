@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
 from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
+from orchestrator.runtime.rng import capture_rng
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
 from orchestrator.spec import JobSpec
@@ -261,9 +263,21 @@ class WorkerSession:
         finally:
             self.stall_seconds += time.perf_counter() - start
 
-    def gather(self, local: Any) -> list[Any]:
-        """Collect one object from every rank (e.g. RNG states), in rank order."""
-        return all_gather_object(local)
+    def gather_for_save(self) -> tuple[list[dict[str, Any]], str]:
+        """Every rank's RNG state, in rank order, and the save's token: rank 0's, the same on
+        every rank, naming this save's staging folder when the checkpoint is sharded."""
+        local: dict[str, Any] = {"rng": capture_rng()}
+        if self.sharded:
+            local["token"] = uuid.uuid4().hex[:8]
+        gathered = all_gather_object(local)
+        return [{"rng": entry["rng"]} for entry in gathered], gathered[0].get("token", "")
+
+    def restored_file(self, restored: Restored, fname: str) -> bytes:
+        """A file of the checkpoint being resumed: from memory if this rank kept it, else read
+        (and checked against its checksum) now."""
+        if fname in restored.files:
+            return restored.files[fname]
+        return self.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
 
     def prepare_snapshot(self, state: Any) -> None:
         """Once training runs, on each rank that writes: get snapshot memory ready in the background."""

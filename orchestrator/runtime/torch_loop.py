@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,7 @@ from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, TRAINING
-from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
+from orchestrator.runtime.rng import restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import (
     full_model_state,
@@ -96,7 +95,7 @@ class TrainContext:
                 fname = shard_file(0)
             else:
                 fname = shard_file(self.rank) if manifest.sharded else STATE_FILE
-            raw = loads_state(self._restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+            raw = loads_state(self._session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
             self._restored = TrainState.from_dict(raw)
             self.progress = self._restored.progress
             self._train_loader = self.progress.train_loader
@@ -282,11 +281,7 @@ class TrainContext:
         """
         session = self._session
         with session.stalling():
-            local: dict[str, Any] = {"rng": capture_rng()}
-            if session.sharded:  # rank 0's token names this save's staging folder on every rank
-                local["token"] = uuid.uuid4().hex[:8]
-            gathered = session.gather(local)
-            ranks = [{"rng": entry["rng"]} for entry in gathered]
+            ranks, token = session.gather_for_save()
             if self.rank != 0 and not session.sharded:
                 session.commit(self.progress, reason, dict)
                 return
@@ -294,16 +289,9 @@ class TrainContext:
             snapshot = session.snapshot(state.to_dict())
             fname = shard_file(self.rank) if session.sharded else STATE_FILE
             session.commit(self.progress, reason, lambda: {fname: Serialized(snapshot)},
-                           token=gathered[0].get("token", ""))
+                           token=token)
 
     # --- internals -----------------------------------------------------------------------------
-
-    def _restored_file(self, restored: Restored, fname: str) -> bytes:
-        """A file of the checkpoint being resumed: from memory if this rank kept it, else read
-        (and checked against its checksum) now."""
-        if fname in restored.files:
-            return restored.files[fname]
-        return self._session.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
 
     def _resharded(self, objects: dict[str, Any]) -> dict[str, Any]:
         restored = self._session_restored
@@ -312,7 +300,7 @@ class TrainContext:
             if old_rank == 0:
                 return self._restored.objects
             fname = shard_file(old_rank)
-            raw = loads_state(self._restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+            raw = loads_state(self._session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
             return raw["objects"]
 
         return reshard_states(objects, read_old, old_world=self._reshard_from, world_size=self.world_size,
