@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from orchestrator.checkpoint import CheckpointStore, Manifest
+from orchestrator.checkpoint.manifest import written_strategy
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.spec import JobSpec
 
@@ -71,15 +72,21 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             f"checkpoint {choice.uri} was written by a '{manifest.kind}' job but this spec is a '{spec.kind}' "
             "job, so its state cannot be loaded. Fix: use another run name, or resume_from: none with --overwrite."
         )
-    if manifest.sharded != spec.sharded:
-        written, wanted = ("fsdp", "ddp") if manifest.sharded else ("ddp", "fsdp")
+    written, wanted = written_strategy(manifest), spec.strategy
+    if written != wanted and (manifest.sharded or spec.sharded):
         field = spec.strategy_field
         raise CheckpointError(
             f"checkpoint {choice.uri} was written with {field}: {written} but this spec uses {wanted}; "
-            "converting between a sharded and a whole-model checkpoint is not supported. Fix: set "
+            "converting a checkpoint between these strategies' layouts is not supported. Fix: set "
             f"{field}: {written} to resume it, or start a new run (another name, or resume_from: none)."
         )
     low, high = spec.scaling.min_workers, spec.scaling.num_workers
+    if wanted == "deepspeed" and not low <= manifest.world_size <= high:
+        raise CheckpointError(
+            f"checkpoint {choice.uri} was written by {manifest.world_size} DeepSpeed ranks and this run has "
+            f"{high}: DeepSpeed cannot repartition ZeRO optimizer states for another number of ranks. Fix: set "
+            f"scaling.num_workers: {manifest.world_size} to resume it, or start a new run (another name, or "
+            "resume_from: none).")
     if not low <= manifest.world_size <= high:
         sizes = f"{high}" if low == high else f"from {low} to {high}"
         log.info("checkpoint %s was written by %d workers and this run has %s: the data continues at its "

@@ -23,6 +23,7 @@ import yaml
 from orchestrator.errors import SpecError
 from orchestrator.lightning_cli_config import merge_lightning_config
 from orchestrator.spec_data import DataSpec, parse_data
+from orchestrator.spec_deepspeed import STRATEGY_CLASS_PATHS, check_deepspeed_scaling, deepspeed_args, is_deepspeed
 from orchestrator.spec_lightning import (
     check_lightning_class,
     check_logger_package,
@@ -35,7 +36,9 @@ DEFAULT_STORAGE = "~/orchestrator-runs"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PLACEMENTS = ("spread", "pack")
 # Strategies each path offers. FSDP on the Lightning path comes with its own issue.
-LIGHTNING_STRATEGIES = ("ddp", "fsdp")
+LIGHTNING_STRATEGIES = ("ddp", "fsdp", "deepspeed")
+# Strategies whose checkpoints hold one part per rank.
+SHARDED_STRATEGIES = ("fsdp", "deepspeed")
 TORCH_STRATEGIES = ("ddp", "fsdp")
 # Trainer arguments the orchestrator sets itself: a user value would fight the placement Ray made.
 OWNED_TRAINER_ARGS = {
@@ -79,6 +82,10 @@ class LightningSpec:
     # module without a configure_model of its own is sharded per submodule, and every rank
     # writes its own shard of each checkpoint (orchestrator/runtime/lightning_fsdp.py).
     strategy: str = "ddp"
+    # deepspeed: the arguments of Lightning's DeepSpeedStrategy (stage, offload, config...),
+    # translated from lightning.trainer.strategy (orchestrator/spec_deepspeed.py); every rank
+    # writes its own DeepSpeed files of each checkpoint (orchestrator/runtime/lightning_deepspeed.py).
+    deepspeed: dict[str, Any] | None = None
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
     # translated into the checkpoint: section instead: orchestrator/spec_lightning.py).
     callbacks: list[ClassRef] = field(default_factory=list)
@@ -208,8 +215,12 @@ class JobSpec:
 
     @property
     def sharded(self) -> bool:
-        """fsdp on either path: every rank holds, and checkpoints, its own part of the state."""
-        return (self.lightning or self.torch).strategy == "fsdp"
+        """fsdp (either path) and deepspeed: every rank holds, and checkpoints, its own part of the state."""
+        return self.strategy in SHARDED_STRATEGIES
+
+    @property
+    def strategy(self) -> str:
+        return (self.lightning or self.torch).strategy
 
     @property
     def strategy_field(self) -> str:
@@ -380,20 +391,17 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
     trainer = dict(_optional(raw, "trainer", path, dict, {}))
     if trainer.get("logger") in (False, None):
         trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
-    strategy = str(trainer.pop("strategy", raw.get("strategy", "ddp")))
-    if strategy.startswith("deepspeed"):
-        raise SpecError(
-            f"field 'lightning.trainer.strategy': {strategy!r} is not built on the Lightning path yet: "
-            "DeepSpeed needs its own package and CUDA GPUs, and its checkpoints would bypass the "
-            "orchestrator's store (no exact resume, no retention, no verified commits). Fix: set "
-            "strategy: fsdp, which shards parameters, gradients and optimizer state (ZeRO-3) with "
-            "PyTorch's FSDP2 and checkpoints one shard per rank through the store."
-        )
+    strategy_value = trainer.pop("strategy", raw.get("strategy", "ddp"))
+    deepspeed = None
+    if is_deepspeed(strategy_value):
+        deepspeed, strategy = deepspeed_args(strategy_value), "deepspeed"
+    else:
+        strategy = str(strategy_value)
     if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
             f"field 'lightning.trainer.strategy': {strategy!r} is not available on the Lightning path. "
-            f"Valid choices: {', '.join(LIGHTNING_STRATEGIES)}. Fix: set strategy: ddp, or fsdp to shard "
-            "the model over the ranks."
+            f"Valid choices: ddp, fsdp, deepspeed (or deepspeed_stage_1/2/3, ..._offload). Fix: set strategy: "
+            "ddp, or fsdp to shard the model over the ranks with PyTorch."
         )
     _check_trainer_args(trainer, f"{path}.trainer")
     if trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
@@ -404,7 +412,7 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
         )
     callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks", check_imports)
     loggers = _loggers(raw.get("logger"), f"{path}.logger", check_imports)
-    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy,
+    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy, deepspeed=deepspeed,
                          callbacks=callbacks, logger=loggers), model_checkpoint
 
 
@@ -455,6 +463,10 @@ def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef]
 
 def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> None:
     """Trainer arguments whose meaning depends on the world size cannot go with an elastic one."""
+    if lightning.deepspeed is not None:
+        check_deepspeed_scaling(lightning.deepspeed, elastic=scaling.min_workers != scaling.num_workers,
+                                use_gpu=scaling.use_gpu, precision=lightning.trainer.get("precision"),
+                                global_batch_size=scaling.global_batch_size)
     accumulate = lightning.trainer.get("accumulate_grad_batches")
     if accumulate is None:
         return
@@ -837,7 +849,10 @@ def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike,
         kind = "lightning" if spec.get("lightning") else "torch"
         if kind == "lightning":
             lightning = spec["lightning"]
-            lightning["trainer"] = {**lightning["trainer"], "strategy": lightning.pop("strategy")}
+            strategy, deepspeed = lightning.pop("strategy"), lightning.pop("deepspeed", None)
+            if deepspeed is not None:
+                strategy = {"class_path": STRATEGY_CLASS_PATHS[0], "init_args": deepspeed}
+            lightning["trainer"] = {**lightning["trainer"], "strategy": strategy}
     raw = load_spec_file(spec) if isinstance(spec, (str, os.PathLike)) else dict(spec)
     if overrides:
         raw = apply_overrides(raw, overrides)

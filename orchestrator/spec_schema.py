@@ -34,6 +34,9 @@ from orchestrator.spec import (
 )
 from orchestrator.spec_data import ColumnSpec, DataSourceSpec, DataSpec
 
+# Lightning's registered DeepSpeed strategies (NVMe offload is refused at validation).
+DEEPSPEED_NAMES = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+                   "deepspeed_stage_3_offload"]
 SCHEMA_ID = "https://orchestrator.invalid/spec.schema.json"
 CLASS_REF = {"$ref": "#/$defs/ClassRef"}
 
@@ -50,9 +53,12 @@ YAML_SHAPES: dict[tuple[type, str], dict[str, Any] | None] = {
     (KeepBestSpec, "mode"): {"enum": ["min", "max"]},
     (TorchSpec, "strategy"): {"enum": list(TORCH_STRATEGIES)},
     (LightningSpec, "strategy"): None,  # written as lightning.trainer.strategy
+    (LightningSpec, "deepspeed"): None,  # written as lightning.trainer.strategy
     (LightningSpec, "trainer"): {"properties": {"strategy": {
-        "enum": list(LIGHTNING_STRATEGIES), "default": "ddp",
-        "description": "How the workers share the model: ddp (a full copy per worker)."}}},
+        "anyOf": [{"enum": [*LIGHTNING_STRATEGIES, *DEEPSPEED_NAMES]}, CLASS_REF], "default": "ddp",
+        "description": ("How the workers share the model: ddp (a full copy per worker), fsdp (sharded with "
+                        "FSDP2), deepspeed (ZeRO stage 2; or deepspeed_stage_1/2/3, ..._offload), or "
+                        "{class_path: lightning.pytorch.strategies.DeepSpeedStrategy, init_args: {...}}.")}}},
     (LightningSpec, "logger"): {"anyOf": [CLASS_REF, {"type": "array", "items": CLASS_REF}]},
     (DataSourceSpec, "columns"): {"anyOf": [
         {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/ColumnSpec"}, {"type": "null"}]}},

@@ -300,12 +300,16 @@ def test_paths_and_enums_in_hyperparameters_are_saved_as_plain_values_and_anythi
     class Mode(enum.Enum):
         FAST = "fast"
 
+    class Level(enum.IntEnum):  # an int too (as DeepSpeed's ZeroStageEnum): still pickled as its class
+        HIGH = 3
+
     point = collections.namedtuple("point", "x y")
     state = {"hyper_parameters": collections.defaultdict(int, root=pathlib.Path("/data/x"), mode=Mode.FAST,
-                                                         at=point(1, 2)),
+                                                         at=point(1, 2), level=Level.HIGH),
              "state_dict": collections.OrderedDict(w=torch.ones(2))}
     loaded = loads_state(dumps_state(plain_state(state)), source="test")  # weights_only=True
-    assert loaded["hyper_parameters"] == {"root": "/data/x", "mode": "fast", "at": (1, 2)}
+    assert loaded["hyper_parameters"] == {"root": "/data/x", "mode": "fast", "at": (1, 2), "level": 3}
+    assert type(loaded["hyper_parameters"]["level"]) is int
     assert torch.equal(loaded["state_dict"]["w"], torch.ones(2))
 
     with pytest.raises(UnsafeCheckpointValue, match=r"checkpoint\.hyper_parameters\.loss_fn = .*save_hyperparameters"):

@@ -43,8 +43,12 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     # Why it was written: "steps", "seconds", "epoch_end", "end", "preemption".
     reason: str = "steps"
-    # True: every rank wrote its own file (FSDP); any number of ranks can load it (resharded).
+    # True: every rank wrote its own files (FSDP: any number of ranks can load it, resharded;
+    # DeepSpeed: the same number of ranks).
     sharded: bool = False
+    # How the ranks shared the model: "ddp", "fsdp" or "deepspeed" ("" in older manifests: fsdp
+    # when sharded, else ddp).
+    strategy: str = ""
     # Samples of the current epoch trained on by all ranks together: the data's global position.
     consumed: int = 0
     created_at: float = field(default_factory=time.time)
@@ -84,3 +88,8 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
 def library_versions() -> dict[str, str]:
     """The versions that wrote a checkpoint; looked up once per process (it takes ~1 s)."""
     return dict(_installed_versions())
+
+
+def written_strategy(manifest: Manifest) -> str:
+    """The strategy a checkpoint was written with (older manifests do not name it)."""
+    return manifest.strategy or ("fsdp" if manifest.sharded else "ddp")

@@ -52,8 +52,10 @@ def plain_state(value: Any, where: str = "checkpoint") -> Any:
     else that is not a tensor, number, string or container is refused here, at save time, with its
     place in the state: found at the first save, not at the first resume.
     """
+    if isinstance(value, enum.Enum):  # before the leaves: an IntEnum is an int, yet pickled as its class
+        return plain_state(value.value, where)
     if isinstance(value, _PLAIN_LEAVES):
-        return value
+        return value if type(value) in _PLAIN_LEAVES or isinstance(value, torch.Tensor) else _base_value(value)
     if isinstance(value, (dict, collections.OrderedDict)):
         items = {key: plain_state(item, f"{where}.{key}") for key, item in value.items()}
         return collections.OrderedDict(items) if type(value) is collections.OrderedDict else items
@@ -64,8 +66,6 @@ def plain_state(value: Any, where: str = "checkpoint") -> Any:
         return set(items) if isinstance(value, (set, frozenset)) else items
     if isinstance(value, PurePath):
         return str(value)
-    if isinstance(value, enum.Enum):
-        return plain_state(value.value, where)
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
         return value.item()  # a numpy scalar
     raise UnsafeCheckpointValue(
@@ -75,6 +75,14 @@ def plain_state(value: Any, where: str = "checkpoint") -> Any:
         "there; for a hyperparameter, pass it as a plain value or leave it out with "
         "self.save_hyperparameters(ignore=[...])."
     )
+
+
+def _base_value(value: Any) -> Any:
+    """A subclass of int, str, ... (not an enum) as a value of its plain base type."""
+    for base in (bool, int, float, complex, str, bytes):
+        if isinstance(value, base):
+            return base(value)
+    return value
 
 
 def _short(value: Any) -> str:

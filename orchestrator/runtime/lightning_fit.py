@@ -17,9 +17,11 @@ What we add to a plain `Trainer.fit`:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -112,6 +114,8 @@ class OrchestratorCallback(Callback):
     def __init__(self, session: WorkerSession, pending_rng: dict[str, Any] | None, order: TrainOrder):
         self.session = session
         self.order = order
+        # Under DeepSpeed: this rank's files of a checkpoint, from Lightning's dict.
+        self.checkpoint_files: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.progress = Progress()
         self._pending_rng = pending_rng
         self._last_step = -1
@@ -126,7 +130,8 @@ class OrchestratorCallback(Callback):
             self._pending_rng = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not self._snapshot_prepared and trainer.global_step > 0:  # the optimizer state exists now
+        if not self._snapshot_prepared and trainer.global_step > 0 and self.checkpoint_files is None:
+            # The optimizer state exists now (DeepSpeed's files take their buffers at the first save).
             self._snapshot_prepared = True
             state = {"model": pl_module.state_dict(), "optimizers": [o.state_dict() for o in trainer.optimizers]}
             self.session.prepare_snapshot(local_state(state) if self.session.sharded else state)
@@ -223,9 +228,13 @@ class OrchestratorCallback(Callback):
         # Paths and enums in hyperparameters become plain values; anything that could only be
         # unpickled is refused now, naming it, rather than at the first resume.
         checkpoint = plain_state(checkpoint)
-        snapshot = self.session.snapshot(checkpoint)
-        fname = shard_file(self.session.rank) if self.session.sharded else CKPT_FILE
-        self.session.commit(self.progress, self._reason, lambda: {fname: Serialized(snapshot)}, token=self._token)
+        if self.checkpoint_files is not None:
+            files = {name: plain_state(state, name) for name, state in self.checkpoint_files(checkpoint).items()}
+        else:
+            files = {shard_file(self.session.rank) if self.session.sharded else CKPT_FILE: checkpoint}
+        snapshot = self.session.snapshot(files)
+        self.session.commit(self.progress, self._reason,
+                            lambda: {name: Serialized(state) for name, state in snapshot.items()}, token=self._token)
 
 
 SCRATCH_PREFIX = "orchestrator-lightning-"
@@ -256,7 +265,14 @@ def _train(session: WorkerSession, scratch: str) -> None:
     spec = session.spec.lightning
     seed_everything(session.spec.seed)
     # A sharded checkpoint holds a file per rank: this rank keeps only its own in memory.
-    restored = session.start(keep={CKPT_FILE, shard_file(session.rank)}.__contains__)
+    deepspeed = spec.strategy == "deepspeed"
+    if deepspeed:  # (deepspeed is imported only by the runs that use it)
+        from orchestrator.runtime.lightning_deepspeed import kept_by_rank
+
+        keep = functools.partial(kept_by_rank, rank=session.rank)
+    else:
+        keep = {CKPT_FILE, shard_file(session.rank)}.__contains__
+    restored = session.start(keep=keep)
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
     datamodule: pl.LightningDataModule = (spec.data.build() if spec.data is not None
@@ -272,6 +288,10 @@ def _train(session: WorkerSession, scratch: str) -> None:
 
         strategy = ShardedLightningStrategy(session.world_size, ray.train.torch.get_device(),
                                             load_parts=_reshard_loader(session, restored))
+    elif deepspeed:
+        strategy = _deepspeed_strategy(session, restored, restored_state, scratch)
+        callback.checkpoint_files = strategy.checkpoint_files
+        restored_state = None  # DeepSpeed reads it through its checkpoint engine
     else:
         strategy = RayDDPStrategy()
     ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
@@ -298,7 +318,7 @@ def _train(session: WorkerSession, scratch: str) -> None:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except StopTraining:
         # The stop checkpoint is in the writer's hands; finish() commits it.
-        session.finish(callback.progress, _fingerprint(session, model), {}, stopped=True)
+        session.finish(callback.progress, _fingerprint(session, model, strategy), {}, stopped=True)
         return
     callback.progress.step = trainer.global_step
     test_metrics: dict[str, float] = {}
@@ -306,13 +326,36 @@ def _train(session: WorkerSession, scratch: str) -> None:
         results = trainer.test(model, datamodule=datamodule, verbose=False)
         for result in results:
             test_metrics.update(_metric_floats(result))
-    session.finish(callback.progress, _fingerprint(session, model), test_metrics)
+    session.finish(callback.progress, _fingerprint(session, model, strategy), test_metrics)
 
 
-def _fingerprint(session: WorkerSession, model: pl.LightningModule) -> str:
+def _fingerprint(session: WorkerSession, model: pl.LightningModule, strategy) -> str:
     """The whole model's weights hash, on rank 0 (sharded: gathered first, so every rank calls it)."""
-    state = full_model_state(model) if session.sharded else model.state_dict() if session.rank == 0 else {}
+    if session.spec.strategy == "deepspeed":
+        state = strategy.full_model_state()
+    else:
+        state = full_model_state(model) if session.sharded else model.state_dict() if session.rank == 0 else {}
     return weights_sha256(state) if session.rank == 0 else ""
+
+
+def _deepspeed_strategy(session: WorkerSession, restored: Restored | None, client_state: dict[str, Any] | None,
+                        scratch: str):
+    """The DeepSpeed strategy, serving the resumed checkpoint's files from the store: the file with
+    Lightning's dict already loaded (`client_state`), the others as DeepSpeed asks for them."""
+    from orchestrator.runtime.lightning_deepspeed import StoreDeepSpeedStrategy, StoreFiles, client_state_file
+
+    def read(name: str) -> Any:
+        assert restored is not None
+        state = loads_state(session.restored_file(restored, name), source=f"{restored.info.uri}/{name}")
+        restored.files.pop(name, None)
+        return state
+
+    files = StoreFiles(read if restored is not None else None)
+    strategy = StoreDeepSpeedStrategy(files, os.path.join(scratch, "deepspeed"), **session.spec.lightning.deepspeed)
+    if restored is not None:
+        strategy.checkpoint_names = sorted(restored.manifest.files)
+        files.serve(client_state_file(strategy.checkpoint_names, session.rank), client_state)
+    return strategy
 
 
 def _reshard_loader(session: WorkerSession, restored: Restored | None):
@@ -337,7 +380,11 @@ def _prepare_resume(session: WorkerSession, restored: Restored | None
     the training data's position."""
     if restored is None:
         return None, None, {"epoch": 0, "consumed": 0}
-    if session.sharded:  # this rank's own shard; at another world size, rank 0's (resharded later)
+    if session.spec.strategy == "deepspeed":  # the DeepSpeed file that holds Lightning's dict
+        from orchestrator.runtime.lightning_deepspeed import client_state_file
+
+        fname = client_state_file(sorted(restored.manifest.files), session.rank)
+    elif session.sharded:  # this rank's own shard; at another world size, rank 0's (resharded later)
         fname = shard_file(session.rank if restored.manifest.world_size == session.world_size else 0)
     else:
         fname = CKPT_FILE

@@ -303,7 +303,8 @@ class WorkerSession:
             return
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
                             consumed=progress.consumed, world_size=self.world_size, kind=self.spec.kind, files={},
-                            metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded)
+                            metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded,
+                            strategy=self.spec.strategy)
         if self.sharded:
             self.writer.save_shard(manifest, token, self.rank, build_files)
         else:

@@ -1,0 +1,183 @@
+"""`lightning.trainer.strategy: deepspeed` on CPU (DeepSpeed's CPU accelerator, over gloo): an
+unchanged LightningModule trained with ZeRO, each rank's DeepSpeed files committed through the
+store, an interrupted run that resumes bit for bit, and the resumes DeepSpeed cannot do refused
+before any worker starts. The spec's translation into DeepSpeedStrategy's arguments is checked
+without a cluster.
+
+The same code runs over NCCL with scaling.use_gpu (there Lightning's own CUDA checks apply).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, assert_resumed_to_clean_weights, run_cli
+from specs import lightning_spec
+
+import orchestrator
+from orchestrator.checkpoint import CheckpointStore, Manifest
+from orchestrator.checkpoint.serialization import dumps_state, loads_state, plain_state
+from orchestrator.errors import CheckpointError, SpecError
+from orchestrator.resume import ResumeChoice, check_compatible
+from orchestrator.spec import JobSpec, resolve_spec, validate
+
+pytest.importorskip("deepspeed")
+
+# Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one (2 epochs of 21 steps).
+KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(3, 38)))
+
+
+# DeepSpeed's names for ZeRO-3's files, 2 ranks (measured), with the store's prefix.
+FILES_ZERO_3 = [f"deepspeed-{kind}_pp_rank_{rank}_mp_rank_00_{what}_states.pt" for rank in (0, 1)
+                for kind, what in (("zero", "model"), ("bf16_zero", "optim"))]
+
+
+def deepspeed_spec(name, storage_dir, strategy="deepspeed_stage_3", precision="bf16-mixed", **model):
+    spec = lightning_spec(name, storage_dir, **model)
+    spec["lightning"]["trainer"].update(strategy=strategy, precision=precision, max_epochs=2)
+    return spec
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit(tmp_path):
+    clean = orchestrator.run(deepspeed_spec("clean", tmp_path), console=None)
+    assert clean.status == "finished", clean.error
+    committed = CheckpointStore.for_run(clean.run_dir).committed()
+    assert committed
+    for info in committed:  # ZeRO-3: every rank's part of the model and of the optimizer, as DeepSpeed names them
+        assert info.manifest.sharded and info.manifest.strategy == "deepspeed" and info.manifest.world_size == 2
+        assert sorted(info.manifest.files) == sorted(FILES_ZERO_3), info.name
+
+    # Killed once (rank 1, SIGKILL) and restarted by Ray Train: the same weights, bit for bit.
+    # The model's hyperparameters hold a path and an enum (tests/faulty.py).
+    fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
+    killed = orchestrator.run(deepspeed_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier", **fault),
+                              console=None)
+    assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
+
+    # What DeepSpeed cannot resume is refused on the driver (exit 2, no worker started).
+    spec_file = tmp_path / "clean.yaml"
+    spec_file.write_text(json.dumps(deepspeed_spec("clean", tmp_path)))
+    tests_on_path = {"PYTHONPATH": os.path.join(REPO, "tests")}
+    resized = run_cli("run", str(spec_file), "--set", "lightning.trainer.max_epochs=3",
+                      "--set", "scaling.num_workers=1", env=tests_on_path)
+    assert resized.returncode == 2, resized.stderr
+    assert "scaling.num_workers: 2" in resized.stderr and "Traceback" not in resized.stderr
+    as_ddp = run_cli("run", str(spec_file), "--set", "lightning.trainer.max_epochs=3",
+                     "--set", "lightning.trainer.strategy=ddp", env=tests_on_path)
+    assert as_ddp.returncode == 2, as_ddp.stderr
+    assert "lightning.trainer.strategy: deepspeed" in as_ddp.stderr and "Traceback" not in as_ddp.stderr
+
+
+# --- the spec's translation, on the driver -------------------------------------------------------
+
+def _validated(tmp_path, strategy, *, precision="bf16-mixed", num_workers=2, use_gpu=False, global_batch_size=None,
+               **trainer):
+    spec = deepspeed_spec("t", tmp_path, strategy=strategy, precision=precision)
+    spec["lightning"]["trainer"].update(trainer)
+    spec["scaling"].update(num_workers=num_workers, use_gpu=use_gpu, global_batch_size=global_batch_size)
+    if use_gpu:
+        spec["scaling"]["resources_per_worker"] = {"CPU": 1, "GPU": 1}
+    return validate(spec)
+
+
+def test_lightnings_deepspeed_names_and_a_class_path_become_deepspeed_strategy_arguments(tmp_path):
+    assert _validated(tmp_path, "deepspeed").lightning.deepspeed == {}  # Lightning's default: ZeRO stage 2
+    assert _validated(tmp_path, "deepspeed_stage_1").lightning.deepspeed == {"stage": 1}
+    assert _validated(tmp_path, "deepspeed_stage_3_offload", use_gpu=True).lightning.deepspeed == {
+        "stage": 3, "offload_optimizer": True, "offload_parameters": True}
+
+    # A LightningCLI config's trainer.strategy, and a DeepSpeed config read from its JSON file on
+    # the driver (the workers get the dict: the file need not exist on them).
+    config_file = tmp_path / "ds_config.json"
+    config_file.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": False}}))
+    spec = _validated(tmp_path, {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+                                 "init_args": {"config": str(config_file), "logging_batch_size_per_gpu": 8}})
+    assert spec.lightning.strategy == "deepspeed" and spec.sharded
+    assert spec.lightning.deepspeed == {"config": {"zero_optimization": {"stage": 3, "overlap_comm": False}},
+                                        "logging_batch_size_per_gpu": 8}
+
+    cli_config = tmp_path / "config.yaml"
+    cli_config.write_text(yaml.safe_dump({
+        "model": {"class_path": "jobs.digits.DigitsClassifier"},
+        "data": {"class_path": "jobs.digits.DigitsData"},
+        "trainer": {"max_epochs": 1, "precision": "bf16-mixed", "strategy": {
+            "class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"stage": 3}}}}))
+    from_cli = validate({"name": "c", "storage": str(tmp_path), "lightning": {"config": str(cli_config)}})
+    assert from_cli.lightning.deepspeed == {"stage": 3}
+
+    # A JobSpec with overrides goes back through validation unchanged.
+    again = resolve_spec(spec, {"lightning.trainer.max_epochs": 4})
+    assert isinstance(again, JobSpec) and again.lightning.deepspeed == spec.lightning.deepspeed
+
+
+@pytest.mark.parametrize("strategy, settings, expected", [
+    ("deepspeed_stage_4", {}, r"'deepspeed_stage_4' is not one of Lightning's DeepSpeed strategies.*deepspeed_stage_3"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"stages": 3}}, {},
+     r"init_args\.stages'.*not an argument of DeepSpeedStrategy"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"process_group_backend": "nccl"}},
+     {}, r"orchestrator sets this itself \(NCCL with scaling.use_gpu"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"config": {"gradient_accumulation_steps": 4}}}, {},
+     r"config\.gradient_accumulation_steps'.*set lightning\.trainer\.accumulate_grad_batches"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"config": {"checkpoint": {"use_node_local_storage": True}}}}, {},
+     r"config\.checkpoint'.*around the orchestrator's store"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"config": "missing.json"}}, {},
+     r"'missing\.json' cannot be read"),
+    ({"class_path": "pytorch_lightning.strategies.DeepSpeedStrategy"}, {},
+     r"not Lightning's DeepSpeedStrategy.*lightning\.pytorch\.strategies\.DeepSpeedStrategy"),
+    ("deepspeed_stage_3_offload_nvme", {"use_gpu": True}, r"NVMe offload is not supported"),
+    ("deepspeed_stage_2_offload", {}, r"scaling\.use_gpu is false.*Fix: drop the offload"),
+    ("deepspeed", {"precision": "16-mixed"}, r"'16-mixed' under DeepSpeed needs a GPU.*bf16-mixed"),
+    ("deepspeed", {"num_workers": [1, 2]}, r"'scaling\.num_workers'.*cannot repartition ZeRO.*strategy: fsdp"),
+    ("deepspeed", {"global_batch_size": 64}, r"'scaling\.global_batch_size'.*set lightning\.trainer\.accumulate_grad"),
+])
+def test_deepspeed_settings_that_cannot_work_are_refused_naming_the_field_to_set(tmp_path, strategy, settings,
+                                                                                  expected):
+    with pytest.raises(SpecError, match=expected):
+        _validated(tmp_path, strategy, **settings)
+
+
+def test_a_deepspeed_checkpoint_resumes_only_with_deepspeed_at_its_world_size(tmp_path):
+    def choice(strategy, world_size):
+        manifest = Manifest(step=5, epoch=0, batch_in_epoch=5, world_size=world_size, kind="lightning", files={},
+                            sharded=strategy != "ddp", strategy=strategy)
+        return ResumeChoice("file:///ckpt", 5, "test", manifest)
+
+    deepspeed = _validated(tmp_path, "deepspeed")
+    check_compatible(deepspeed, choice("deepspeed", 2))
+    with pytest.raises(CheckpointError, match=r"written by 3 DeepSpeed ranks.*scaling\.num_workers: 3"):
+        check_compatible(deepspeed, choice("deepspeed", 3))
+    with pytest.raises(CheckpointError, match=r"written with lightning\.trainer\.strategy: fsdp but this spec uses "
+                                              r"deepspeed"):
+        check_compatible(deepspeed, choice("fsdp", 2))
+    with pytest.raises(CheckpointError, match=r"strategy: deepspeed but this spec uses fsdp"):
+        check_compatible(_validated(tmp_path, "fsdp"), choice("deepspeed", 2))
+
+
+def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from orchestrator.runtime.lightning_deepspeed import plain_deepspeed_objects, with_deepspeed_objects
+
+    # As DeepSpeed's ZeRO optimizer state_dict() holds them (measured for stages 1-3, fp32 and bf16).
+    scaler = DynamicLossScaler(init_scale=2 ** 16, scale_window=1000, min_scale=1, delayed_shift=2,
+                               consecutive_hysteresis=False, raise_error_at_min_scale=True, dtype=torch.float16)
+    scaler.cur_iter = 17
+    state = {"loss_scaler": scaler, "zero_stage": ZeroStageEnum.gradients,
+             "param_slice_mappings": [{"layer.weight": fragment_address(numel=8192, start=64)}],
+             "single_partition_of_fp32_groups": [torch.arange(4.0)]}
+    loaded = with_deepspeed_objects(loads_state(dumps_state(plain_state(plain_deepspeed_objects(state))),
+                                                source="test"))  # weights_only=True
+    assert isinstance(loaded["loss_scaler"], DynamicLossScaler) and vars(loaded["loss_scaler"]) == vars(scaler)
+    assert loaded["param_slice_mappings"] == [{"layer.weight": fragment_address(numel=8192, start=64)}]
+    assert loaded["zero_stage"] == 2 and torch.equal(loaded["single_partition_of_fp32_groups"][0], torch.arange(4.0))
