@@ -11,6 +11,7 @@ or the orchestrator. The text is Python's own documentation, which ships with ev
         --set lightning.model.init_args.n_layer=12 --set lightning.model.init_args.n_embd=768 \
         --set lightning.model.init_args.n_head=12
     orchestrator run jobs/gpt.yaml --set lightning.trainer.strategy=fsdp   # sharded (FSDP2), tied weights kept
+    orchestrator run jobs/gpt.yaml --set lightning.trainer.strategy=deepspeed_stage_3   # DeepSpeed ZeRO-3
     ray job submit --working-dir . -- orchestrator run jobs/gpt.yaml # on a cluster
 
 Sizes are init_args only: the same code runs the 0.8M-parameter model of jobs/gpt.yaml on a

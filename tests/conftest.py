@@ -11,6 +11,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -58,6 +59,11 @@ def s3_server():
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def scratch_in_tmp() -> set[str]:
+    """The orchestrator's folders in the temp dir (workers' scratch, resume copies)."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("orchestrator-")}
 
 
 def assert_resumed_to_clean_weights(killed, clean, marker, kill_step: int) -> None:

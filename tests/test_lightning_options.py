@@ -8,19 +8,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 
 import pytest
+from conftest import scratch_in_tmp
 from mlflow import MlflowClient
 
 import orchestrator
 from orchestrator.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.slow
-
-
-def scratch_in_tmp() -> set[str]:
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("orchestrator-")}
 
 
 def recorded(folder) -> list[dict]:

@@ -138,6 +138,17 @@ class StoreDeepSpeedStrategy(RayDeepSpeedStrategy):
         else:
             super().setup_distributed()
 
+    def at_step_boundary(self) -> bool:
+        """Whether DeepSpeed holds no partly accumulated gradients, which a checkpoint cannot hold.
+
+        DeepSpeed accumulates gradients itself, counting micro-batches over the whole run, while
+        Lightning counts them per epoch and leaves a last, incomplete accumulation to DeepSpeed:
+        when an epoch's batches are not a multiple of accumulate_grad_batches, Lightning's step
+        ends and DeepSpeed's fall apart, and only DeepSpeed's are safe to save at.
+        """
+        engine = self.deepspeed_engine
+        return engine.micro_steps % engine.gradient_accumulation_steps() == 0
+
     def full_model_state(self) -> dict[str, Any]:
         """The whole model's state on rank 0 (empty elsewhere); every rank calls it (stage 3 gathers)."""
         module = self.lightning_module

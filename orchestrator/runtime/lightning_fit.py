@@ -114,8 +114,10 @@ class OrchestratorCallback(Callback):
     def __init__(self, session: WorkerSession, pending_rng: dict[str, Any] | None, order: TrainOrder):
         self.session = session
         self.order = order
-        # Under DeepSpeed: this rank's files of a checkpoint, from Lightning's dict.
+        # Under DeepSpeed: this rank's files of a checkpoint, from Lightning's dict; and whether
+        # DeepSpeed holds partly accumulated gradients (no checkpoint is taken then).
         self.checkpoint_files: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.at_step_boundary: Callable[[], bool] = lambda: True
         self.progress = Progress()
         self._pending_rng = pending_rng
         self._last_step = -1
@@ -148,7 +150,7 @@ class OrchestratorCallback(Callback):
         self._update(trainer, batch_in_epoch=batch_idx + 1)
         step = trainer.global_step
         # Only at a completed optimizer step (not mid gradient accumulation), once per step.
-        if step != self._last_step:
+        if step != self._last_step and self.at_step_boundary():
             self._last_step = step
             self.session.stepped(self.progress)
             reason = self.session.save_reason(step)
@@ -192,7 +194,7 @@ class OrchestratorCallback(Callback):
         self.progress.consumed = 0
         self._update(trainer, batch_in_epoch=0, epoch=trainer.current_epoch + 1)
         self.session.progress(self.progress, force=True)
-        if self.session.spec.checkpoint.at_epoch_end:
+        if self.session.spec.checkpoint.at_epoch_end and self.at_step_boundary():
             self._save(trainer, "epoch_end")
 
     def on_train_end(self, trainer, pl_module):
@@ -290,7 +292,7 @@ def _train(session: WorkerSession, scratch: str) -> None:
                                             load_parts=_reshard_loader(session, restored))
     elif deepspeed:
         strategy = _deepspeed_strategy(session, restored, restored_state, scratch)
-        callback.checkpoint_files = strategy.checkpoint_files
+        callback.checkpoint_files, callback.at_step_boundary = strategy.checkpoint_files, strategy.at_step_boundary
         restored_state = None  # DeepSpeed reads it through its checkpoint engine
     else:
         strategy = RayDDPStrategy()

@@ -1,0 +1,50 @@
+"""The GPU paths: the GPT job with NCCL and bf16-mixed under each Lightning strategy, saved and
+resumed through the store. Skipped where torch sees no CUDA device (CI has none).
+
+Throughput against plain Lightning on the same GPUs is a benchmark, not a test:
+`python bench/lightning_gpt.py --gpu`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import orchestrator
+from orchestrator.checkpoint import CheckpointStore
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL, bf16)")]
+
+
+def gpt_spec(name, storage, strategy, max_steps):
+    workers = min(2, torch.cuda.device_count())
+    return {
+        "name": name, "storage": str(storage), "seed": 0,
+        "lightning": {
+            "model": {"class_path": "jobs.gpt.GPT",
+                      "init_args": {"block_size": 128, "n_layer": 4, "n_head": 4, "n_embd": 256, "lr": 0.003,
+                                    "warmup_steps": 10, "max_lr_steps": 200}},
+            "data": {"class_path": "jobs.gpt.TextData", "init_args": {"block_size": 128, "batch_size": 32}},
+            "trainer": {"max_steps": max_steps, "precision": "bf16-mixed", "strategy": strategy,
+                        "gradient_clip_val": 1.0, "limit_val_batches": 4, "val_check_interval": 20},
+        },
+        "scaling": {"num_workers": workers, "use_gpu": True, "resources_per_worker": {"CPU": 1, "GPU": 1}},
+        "checkpoint": {"every_n_steps": 10},
+    }
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
+def test_the_gpt_job_trains_on_gpus_with_nccl_and_bf16_and_resumes_from_its_checkpoint(tmp_path, strategy):
+    first = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 30), console=None)
+    assert first.status == "finished", first.error
+    assert math.isfinite(first.metrics["loss"]) and first.metrics["loss"] < math.log(100)
+
+    again = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 50), console=None)
+    assert again.status == "finished", again.error
+    assert again.resumed_from["step"] == 30 and again.global_step == 50
+    newest = CheckpointStore.for_run(again.run_dir).committed()[-1]
+    assert newest.step == 50 and newest.manifest.strategy == strategy
