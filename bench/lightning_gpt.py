@@ -9,7 +9,9 @@ timed on rank 0 by the same callback in both (bench.lightning_gpt_timer), from o
     python bench/lightning_gpt.py --gpu [--workers N]     # NCCL, bf16-mixed, a larger GPT
 
 The baseline is how Lightning users run DDP by hand: `torchrun --nproc_per_node=N script.py`,
-with `Trainer(devices=N, strategy="ddp")` (Lightning takes the ranks from torchrun).
+with `Trainer(devices=N, strategy="ddp")` (Lightning takes the ranks from torchrun). A third arm,
+Ray Train with Lightning as Ray documents it (no orchestrator), separates what Ray costs from
+what the orchestrator adds.
 """
 
 from __future__ import annotations
@@ -50,6 +52,46 @@ def baseline(args, out: str) -> dict:
         return json.load(f)
 
 
+def ray_train(args, out: str, storage: str, index: int) -> dict:
+    """Ray Train with Lightning as Ray documents it (RayDDPStrategy, RayLightningEnvironment,
+    prepare_trainer), without the orchestrator: what Ray itself costs, apart from what we add."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    config = {**settings(args), "out": out}
+    trainer = TorchTrainer(
+        _ray_train_loop, train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu,
+                                     resources_per_worker={"CPU": 1, "GPU": 1} if args.gpu else {"CPU": 1}),
+        run_config=RunConfig(name=f"ray-gpt-{index}", storage_path=storage))
+    ray.init(ignore_reinit_error=True, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+    try:
+        trainer.fit()
+    finally:
+        ray.shutdown()
+    with open(out) as f:
+        return json.load(f)
+
+
+def _ray_train_loop(s: dict) -> None:
+    import lightning.pytorch as pl
+    from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+
+    from bench.lightning_gpt_timer import StepTimer
+    from jobs.gpt import GPT, TextData
+
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(
+        accelerator="gpu" if s["gpu"] else "cpu", devices="auto", strategy=RayDDPStrategy(),
+        plugins=[RayLightningEnvironment()], precision=s["precision"], max_steps=s["max_steps"],
+        gradient_clip_val=1.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[StepTimer(s["warmup"], s["out"])])
+    trainer = prepare_trainer(trainer)
+    trainer.fit(GPT(**s["model"]), datamodule=TextData(block_size=s["block_size"], batch_size=s["batch_size"]))
+
+
 def orchestrated(args, out: str, storage: str, index: int) -> dict:
     import orchestrator
 
@@ -86,21 +128,33 @@ def main() -> None:
     sys.path.insert(0, REPO)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
 
-    ratios = []
+    ratios, ray_ratios = [], []
     with tempfile.TemporaryDirectory(prefix="gpt-bench-") as tmp:
         for index in range(args.rounds):
             runs = {}
             # Alternate which goes first: a warm page cache or a busy Ray helper favours neither.
-            for kind in (("plain", "ours") if index % 2 == 0 else ("ours", "plain")):
+            kinds = ("plain", "ray", "ours") if index % 2 == 0 else ("ours", "ray", "plain")
+            for kind in kinds:
                 out = os.path.join(tmp, f"{kind}-{index}.json")
-                runs[kind] = (baseline(args, out) if kind == "plain"
-                              else orchestrated(args, out, os.path.join(tmp, "runs"), index))
+                if kind == "plain":
+                    runs[kind] = baseline(args, out)
+                else:
+                    measure = orchestrated if kind == "ours" else ray_train
+                    runs[kind] = measure(args, out, os.path.join(tmp, "runs"), index)
             ratio = runs["ours"]["samples_per_s"] / runs["plain"]["samples_per_s"]
             ratios.append(ratio)
-            print(f"round {index + 1}: orchestrator {runs['ours']['samples_per_s']:.1f} samples/s, plain Lightning "
-                  f"{runs['plain']['samples_per_s']:.1f} samples/s, ratio {ratio:.3f} (loss at the end "
-                  f"{runs['ours']['loss']:.4f} vs {runs['plain']['loss']:.4f})", flush=True)
-    print(f"median ratio (orchestrator / plain Lightning): {statistics.median(ratios):.3f}")
+            ours, plain, ray_only = runs["ours"], runs["plain"], runs["ray"]
+            ray_ratios.append(ray_only["samples_per_s"] / plain["samples_per_s"])
+            print(f"round {index + 1}: Ray Train + Lightning alone {ray_only['samples_per_s']:.1f} samples/s "
+                  f"({ray_only['cpu_ms_per_step']:.0f} ms CPU a step), ratio to plain {ray_ratios[-1]:.3f}")
+            print(f"round {index + 1}: orchestrator {ours['samples_per_s']:.1f} samples/s "
+                  f"({ours['cpu_ms_per_step']:.0f} ms CPU a step), plain Lightning {plain['samples_per_s']:.1f} "
+                  f"samples/s ({plain['cpu_ms_per_step']:.0f} ms), ratio {ratio:.3f} (loss at the end "
+                  f"{ours['loss']:.4f} vs {plain['loss']:.4f})", flush=True)
+    ours_to_ray = [ours / ray for ours, ray in zip(ratios, ray_ratios, strict=True)]
+    print(f"median ratios: orchestrator / plain Lightning {statistics.median(ratios):.3f}; Ray Train alone / plain "
+          f"Lightning {statistics.median(ray_ratios):.3f}; orchestrator / Ray Train alone "
+          f"{statistics.median(ours_to_ray):.3f}")
 
 
 if __name__ == "__main__":
