@@ -81,6 +81,8 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             f"{field}: {written} to resume it, or start a new run (another name, or resume_from: none)."
         )
     low, high = spec.scaling.min_workers, spec.scaling.num_workers
+    if wanted == "deepspeed":
+        _check_deepspeed_layout(spec, choice)
     if wanted == "deepspeed" and not low <= manifest.world_size <= high:
         raise CheckpointError(
             f"checkpoint {choice.uri} was written by {manifest.world_size} DeepSpeed ranks and this run has "
@@ -92,6 +94,19 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
         log.info("checkpoint %s was written by %d workers and this run has %s: the data continues at its "
                  "global position%s; each rank's RNG stream starts afresh", choice.uri, manifest.world_size,
                  sizes, " and the sharded state is resharded" if manifest.sharded else "")
+
+
+def _check_deepspeed_layout(spec: JobSpec, choice: ResumeChoice) -> None:
+    from orchestrator.spec_deepspeed import layout_problem
+
+    problem = layout_problem(list(choice.manifest.files), spec.lightning.deepspeed,
+                             spec.lightning.trainer.get("precision"))
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {choice.uri} cannot be loaded by DeepSpeed with this spec's settings ({problem}): DeepSpeed "
+            "lays its files out by ZeRO stage and precision, and loads only its own layout. Fix: resume with the "
+            "lightning.trainer.strategy and precision it was written with, or start a new run (another name, or "
+            "resume_from: none).")
 
 
 def is_finished(spec: JobSpec, manifest: Manifest | None) -> bool:

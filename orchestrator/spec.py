@@ -465,7 +465,7 @@ def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> 
     """Trainer arguments whose meaning depends on the world size cannot go with an elastic one."""
     if lightning.deepspeed is not None:
         check_deepspeed_scaling(lightning.deepspeed, elastic=scaling.min_workers != scaling.num_workers,
-                                use_gpu=scaling.use_gpu, precision=lightning.trainer.get("precision"),
+                                use_gpu=scaling.use_gpu, trainer=lightning.trainer,
                                 global_batch_size=scaling.global_batch_size)
     accumulate = lightning.trainer.get("accumulate_grad_batches")
     if accumulate is None:

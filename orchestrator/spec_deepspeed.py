@@ -45,13 +45,27 @@ OWNED_ARGS = {
 }
 # DeepSpeed config keys that Lightning fills in from the Trainer's arguments (and the loader).
 TRAINER_KEYS = {
-    "train_batch_size": "the loader's batch_size (or scaling.global_batch_size)",
+    "train_batch_size": "the loader's batch_size (DeepSpeed derives it: micro-batch x accumulation x workers)",
     "gradient_accumulation_steps": "lightning.trainer.accumulate_grad_batches",
     "gradient_clipping": "lightning.trainer.gradient_clip_val",
-    "fp16": "lightning.trainer.precision: 16-mixed",
-    "bf16": "lightning.trainer.precision: bf16-mixed",
     "amp": "lightning.trainer.precision",
 }
+# Precision blocks a config may hold, if they agree with the Trainer's precision.
+PRECISION_KEYS = {"fp16": ("16-mixed", "16-true"), "bf16": ("bf16-mixed", "bf16-true")}
+# Lightning's precisions under DeepSpeed (its DeepSpeedPrecision plugin), and their older names.
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "half": "16-true"}
+# DeepSpeedStrategy arguments that only build its default config: with a config of the user's,
+# Lightning ignores them.
+DEFAULT_CONFIG_ARGS = (
+    "zero_optimization", "stage", "contiguous_gradients", "overlap_comm", "allgather_partitions", "reduce_scatter",
+    "allgather_bucket_size", "reduce_bucket_size", "sub_group_size", "zero_allow_untested_optimizer",
+    "logging_batch_size_per_gpu", "offload_optimizer", "offload_parameters", "offload_params_device",
+    "offload_optimizer_device", "nvme_path", "params_buffer_count", "params_buffer_size", "max_in_cpu",
+    "optimizer_buffer_count", "pin_memory", "block_size", "queue_depth", "single_submit", "overlap_events",
+    "thread_count", "partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+    "synchronize_checkpoint_boundary",
+)
 # DeepSpeed config keys that would checkpoint around the store.
 STORE_KEYS = ("checkpoint", "nebula", "datastates")
 
@@ -72,6 +86,17 @@ def deepspeed_args(value: Any) -> dict[str, Any]:
     _check_args(args)
     if args.get("config") is not None:
         args["config"] = _check_config(_load_config(args["config"]))
+        ignored = [key for key in args if key in DEFAULT_CONFIG_ARGS]
+        if ignored:
+            raise SpecError(
+                f"field '{FIELD}.init_args': {', '.join(ignored)} would be ignored: with a DeepSpeed config, "
+                "Lightning builds nothing of its own and these arguments only shape the config it builds "
+                "otherwise. Fix: move them into the config (zero_optimization: {stage: 3, offload_optimizer: "
+                "{device: cpu}, ...}), or drop the config.")
+    timeout = args.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise SpecError(f"field '{FIELD}.init_args.timeout': got {timeout!r}; it is the seconds DeepSpeed's process "
+                        "group waits for a collective. Fix: a number of seconds, e.g. timeout: 1800.")
     if "nvme" in offload_devices(args):
         raise SpecError(
             f"field '{FIELD}': NVMe offload is not supported: DeepSpeed copies its NVMe swap files next to its "
@@ -81,9 +106,20 @@ def deepspeed_args(value: Any) -> dict[str, Any]:
     return args
 
 
-def check_deepspeed_scaling(args: dict[str, Any], *, elastic: bool, use_gpu: bool, precision: Any,
+def check_deepspeed_scaling(args: dict[str, Any], *, elastic: bool, use_gpu: bool, trainer: dict[str, Any],
                             global_batch_size: int | None = None) -> None:
-    """What the scaling: section and the Trainer's precision allow of the DeepSpeed settings."""
+    """What the scaling: section and the Trainer's arguments allow of the DeepSpeed settings."""
+    precision = deepspeed_precision(trainer.get("precision"))
+    _check_precision_blocks(args.get("config") or {}, precision)
+    if trainer.get("gradient_clip_algorithm") == "value":
+        raise SpecError(
+            "field 'lightning.trainer.gradient_clip_algorithm': 'value' cannot go with DeepSpeed, which clips "
+            "gradients by their norm only (Lightning: \"DeepSpeed does not support clipping gradients by value\"). "
+            "Fix: remove it (norm is the default) and keep gradient_clip_val.")
+    if zero_stage(args) == 3 and ((args.get("config") or {}).get("zero_optimization") or {}).get("elastic_checkpoint"):
+        raise SpecError(
+            f"field '{FIELD}.init_args.config.zero_optimization.elastic_checkpoint': DeepSpeed implements elastic "
+            "checkpoints for ZeRO stages 1 and 2 only, and ZeRO-3 would fail at its first save. Fix: remove it.")
     if global_batch_size is not None:
         # Lightning writes the accumulation into DeepSpeed's config before the train loader is
         # first built, which is where the orchestrator derives it from the global batch.
@@ -101,6 +137,38 @@ def check_deepspeed_scaling(args: dict[str, Any], *, elastic: bool, use_gpu: boo
             "cannot repartition ZeRO optimizer states for another number of ranks, so a resume at another world "
             "size would fail. Fix: give scaling.num_workers one number, or use strategy: fsdp, whose sharded "
             "checkpoints resume at any world size.")
+
+
+def deepspeed_precision(precision: Any) -> str:
+    """The Trainer's precision under DeepSpeed, by its current name (refused if DeepSpeed has none)."""
+    name = "32-true" if precision is None else PRECISION_ALIASES.get(str(precision), str(precision))
+    if name not in PRECISIONS:
+        raise SpecError(
+            f"field 'lightning.trainer.precision': {precision!r} is not one DeepSpeed trains in. Valid choices under "
+            f"DeepSpeed: {', '.join(PRECISIONS)}. Fix: e.g. precision: bf16-mixed.")
+    return name
+
+
+def zero_stage(args: dict[str, Any]) -> int:
+    """The ZeRO stage the settings give (Lightning's default, 2, unless a config or `stage` says)."""
+    config = args.get("config")
+    if config is not None:
+        return int((config.get("zero_optimization") or {}).get("stage", 0))
+    return int(args.get("stage", 2))
+
+
+def layout_problem(files: list[str], args: dict[str, Any], precision: Any) -> str | None:
+    """Why a DeepSpeed checkpoint with these files cannot be loaded with these settings: DeepSpeed's
+    file layout follows the ZeRO stage and bf16, and it finds no file of another layout."""
+    names = [name for name in files if name.startswith("deepspeed-")]
+    written = {"ZeRO-3": any("zero_pp_rank_0_mp_rank_00_model_states" in n for n in names),
+               "bf16": any(n.startswith("deepspeed-bf16_") for n in names)}
+    wanted = {"ZeRO-3": zero_stage(args) == 3, "bf16": deepspeed_precision(precision).startswith("bf16")}
+    differ = [what for what in written if written[what] != wanted[what]]
+    if not differ:
+        return None
+    return "; ".join(f"{what}: {'yes' if written[what] else 'no'} in the checkpoint, "
+                     f"{'yes' if wanted[what] else 'no'} in this spec" for what in differ)
 
 
 def offload_devices(args: dict[str, Any]) -> set[str]:
@@ -127,7 +195,7 @@ def _check_cpu(offload_devices: set[str], precision: Any) -> None:
             f"field '{FIELD}': offload moves ZeRO's optimizer state (and parameters) from GPU memory into CPU "
             "memory, and this run trains on CPUs (scaling.use_gpu is false), where there is nothing to move. "
             "Fix: drop the offload (deepspeed_stage_2 or deepspeed_stage_3), or set scaling.use_gpu: true.")
-    if str(precision).startswith("16") or str(precision) == "half":
+    if precision.startswith("16"):
         raise SpecError(
             f"field 'lightning.trainer.precision': {precision!r} under DeepSpeed needs a GPU: DeepSpeed's CPU "
             "accelerator does not support fp16 (\"Type fp16 is not supported on your device\"). Fix: "
@@ -208,6 +276,26 @@ def _load_config(config: Any) -> dict[str, Any]:
             return loaded
     raise SpecError(f"field '{FIELD}.init_args.config': got {type(config).__name__}; it must be a DeepSpeed config "
                     "(a mapping) or the path of one in JSON. Fix: e.g. config: {zero_optimization: {stage: 3}}.")
+
+
+def _check_precision_blocks(config: dict[str, Any], precision: str) -> None:
+    for key, precisions in PRECISION_KEYS.items():
+        block = config.get(key)
+        if block is None:
+            continue
+        enabled = block.get("enabled") if isinstance(block, dict) else None
+        if enabled is not True and enabled is not False:
+            raise SpecError(
+                f"field '{FIELD}.init_args.config.{key}.enabled': got {enabled!r}; DeepSpeed needs true or false here "
+                "('auto' is Hugging Face's, not DeepSpeed's). Fix: remove the block, and lightning.trainer.precision "
+                "sets it.")
+        if enabled != (precision in precisions):
+            raise SpecError(
+                f"field '{FIELD}.init_args.config.{key}': enabled: {str(enabled).lower()} disagrees with "
+                f"lightning.trainer.precision: {precision}. Fix: remove the block (Lightning writes it from the "
+                f"precision), or set precision: {precisions[0]}." if enabled else
+                f"field '{FIELD}.init_args.config.{key}': enabled: false disagrees with lightning.trainer.precision: "
+                f"{precision}. Fix: remove the block, or choose another precision.")
 
 
 def _check_config(config: dict[str, Any]) -> dict[str, Any]:

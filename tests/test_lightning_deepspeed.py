@@ -21,6 +21,7 @@ from specs import lightning_spec
 
 import orchestrator
 from orchestrator.checkpoint import CheckpointStore, Manifest
+from orchestrator.checkpoint.manifest import FileEntry
 from orchestrator.checkpoint.serialization import dumps_state, loads_state, plain_state
 from orchestrator.errors import CheckpointError, SpecError
 from orchestrator.resume import ResumeChoice, check_compatible
@@ -112,10 +113,14 @@ def test_lightnings_deepspeed_names_and_a_class_path_become_deepspeed_strategy_a
     config_file = tmp_path / "ds_config.json"
     config_file.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": False}}))
     spec = _validated(tmp_path, {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
-                                 "init_args": {"config": str(config_file), "logging_batch_size_per_gpu": 8}})
+                                 "init_args": {"config": str(config_file), "timeout": 1800}})
     assert spec.lightning.strategy == "deepspeed" and spec.sharded
     assert spec.lightning.deepspeed == {"config": {"zero_optimization": {"stage": 3, "overlap_comm": False}},
-                                        "logging_batch_size_per_gpu": 8}
+                                        "timeout": 1800}
+    # A precision block that agrees with the Trainer's precision is kept, as Lightning keeps it.
+    agreeing = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    assert _validated(tmp_path, {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+                                 "init_args": {"config": agreeing}}).lightning.deepspeed == {"config": agreeing}
 
     cli_config = tmp_path / "config.yaml"
     cli_config.write_text(yaml.safe_dump({
@@ -152,6 +157,21 @@ def test_lightnings_deepspeed_names_and_a_class_path_become_deepspeed_strategy_a
     ("deepspeed", {"precision": "16-mixed"}, r"'16-mixed' under DeepSpeed needs a GPU.*bf16-mixed"),
     ("deepspeed", {"num_workers": [1, 2]}, r"'scaling\.num_workers'.*cannot repartition ZeRO.*strategy: fsdp"),
     ("deepspeed", {"global_batch_size": 64}, r"'scaling\.global_batch_size'.*set lightning\.trainer\.accumulate_grad"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"stage": 3, "config": {"zero_optimization": {"stage": 2}}}}, {},
+     r"init_args': stage would be ignored.*move them into the config"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"config": {"bf16": {"enabled": "auto"}}}}, {}, r"config\.bf16\.enabled': got 'auto'"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"config": {"bf16": {"enabled": True}}}}, {"precision": "32-true"},
+     r"config\.bf16': enabled: true disagrees with lightning\.trainer\.precision: 32-true.*precision: bf16-mixed"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy",
+      "init_args": {"config": {"zero_optimization": {"stage": 3, "elastic_checkpoint": True}}}}, {},
+     r"elastic_checkpoint'.*stages 1 and 2 only"),
+    ({"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"timeout": "30m"}}, {},
+     r"init_args\.timeout': got '30m'.*a number of seconds"),
+    ("deepspeed", {"precision": "64-true"}, r"'64-true' is not one DeepSpeed trains in.*bf16-true"),
+    ("deepspeed", {"gradient_clip_algorithm": "value"}, r"gradient_clip_algorithm'.*by their norm only"),
 ])
 def test_deepspeed_settings_that_cannot_work_are_refused_naming_the_field_to_set(tmp_path, strategy, settings,
                                                                                   expected):
@@ -160,18 +180,32 @@ def test_deepspeed_settings_that_cannot_work_are_refused_naming_the_field_to_set
 
 
 def test_a_deepspeed_checkpoint_resumes_only_with_deepspeed_at_its_world_size(tmp_path):
-    def choice(strategy, world_size):
-        manifest = Manifest(step=5, epoch=0, batch_in_epoch=5, world_size=world_size, kind="lightning", files={},
+    # DeepSpeed's names for ZeRO-2 with bf16 (measured), with the store's prefix.
+    zero_2_bf16 = ["deepspeed-mp_rank_00_model_states.pt", "deepspeed-bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                   "deepspeed-bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+    def choice(strategy, world_size, files=()):
+        manifest = Manifest(step=5, epoch=0, batch_in_epoch=5, world_size=world_size, kind="lightning",
+                            files={name: FileEntry(size=1, sha256="0" * 64) for name in files},
                             sharded=strategy != "ddp", strategy=strategy)
         return ResumeChoice("file:///ckpt", 5, "test", manifest)
 
     deepspeed = _validated(tmp_path, "deepspeed")
-    check_compatible(deepspeed, choice("deepspeed", 2))
+    check_compatible(deepspeed, choice("deepspeed", 2, zero_2_bf16))
+    check_compatible(_validated(tmp_path, "deepspeed_stage_3"), choice("deepspeed", 2, FILES_ZERO_3))
+    # DeepSpeed finds only the files of its own layout (ZeRO-3's per-rank model files, bf16's prefix).
+    with pytest.raises(CheckpointError, match=r"ZeRO-3: yes in the checkpoint, no in this spec"):
+        check_compatible(deepspeed, choice("deepspeed", 2, FILES_ZERO_3))
+    with pytest.raises(CheckpointError, match=r"bf16: yes in the checkpoint, no in this spec.*Fix: resume with"):
+        check_compatible(_validated(tmp_path, "deepspeed", precision="32-true"), choice("deepspeed", 2, zero_2_bf16))
     with pytest.raises(CheckpointError, match=r"written by 3 DeepSpeed ranks.*scaling\.num_workers: 3"):
-        check_compatible(deepspeed, choice("deepspeed", 3))
+        check_compatible(deepspeed, choice("deepspeed", 3, zero_2_bf16))
     with pytest.raises(CheckpointError, match=r"written with lightning\.trainer\.strategy: fsdp but this spec uses "
                                               r"deepspeed"):
         check_compatible(deepspeed, choice("fsdp", 2))
+    with pytest.raises(CheckpointError, match=r"written with lightning\.trainer\.strategy: ddp but this spec uses "
+                                              r"deepspeed"):
+        check_compatible(deepspeed, choice("ddp", 2))
     with pytest.raises(CheckpointError, match=r"strategy: deepspeed but this spec uses fsdp"):
         check_compatible(_validated(tmp_path, "fsdp"), choice("deepspeed", 2))
 
@@ -195,3 +229,18 @@ def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
     assert isinstance(loaded["loss_scaler"], DynamicLossScaler) and vars(loaded["loss_scaler"]) == vars(scaler)
     assert loaded["param_slice_mappings"] == [{"layer.weight": fragment_address(numel=8192, start=64)}]
     assert loaded["zero_stage"] == 2 and torch.equal(loaded["single_partition_of_fp32_groups"][0], torch.arange(4.0))
+
+
+def test_deepspeed_reads_the_resumed_files_from_memory_as_often_as_it_asks_and_the_rest_from_the_store():
+    from orchestrator.runtime.lightning_deepspeed import StoreFiles
+
+    reads = []
+    files = StoreFiles(read=lambda name: reads.append(name) or {"from": "store", "name": name})
+    files.serve("deepspeed-mp_rank_00_model_states.pt", {"module": {"w": torch.ones(1)}})
+    # DeepSpeed reads the model-states file twice (a check, then the load): both from memory.
+    for _ in range(2):
+        assert files.load("/x/checkpoint/mp_rank_00_model_states.pt")["module"]["w"].item() == 1.0
+    assert files.load("/x/checkpoint/zero_pp_rank_1_mp_rank_00_optim_states.pt")["from"] == "store"
+    assert reads == ["deepspeed-zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    files.release()  # after the resume, nothing is held
+    assert files.load("/x/checkpoint/mp_rank_00_model_states.pt")["from"] == "store"

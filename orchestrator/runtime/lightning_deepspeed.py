@@ -81,6 +81,10 @@ class StoreFiles(CheckpointEngine):
     def serve(self, name: str, state: Any) -> None:
         self._served[name] = state
 
+    def release(self) -> None:
+        """After the resume: DeepSpeed has loaded what it was served."""
+        self._served = {}
+
     # --- DeepSpeed's interface -------------------------------------------------------------------
 
     def create(self, info) -> None:
@@ -93,8 +97,10 @@ class StoreFiles(CheckpointEngine):
         self.saved[store_name(path)] = plain_deepspeed_objects(state_dict)
 
     def load(self, path: str, map_location=None) -> Any:
+        # DeepSpeed reads the model-states file twice (a check, then the load): it stays served
+        # until the resume is over (release()).
         name = store_name(path)
-        state = self._served.pop(name, None)
+        state = self._served.get(name)
         if state is None:
             if self._read is None:
                 raise FileNotFoundError(f"DeepSpeed asked for {name}, which the checkpoint being resumed lacks")
@@ -156,10 +162,14 @@ class StoreDeepSpeedStrategy(RayDeepSpeedStrategy):
             return module.state_dict() if self.global_rank == 0 else {}
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            if self.global_rank != 0:
-                return {}
-            return {key: value.detach().clone() for key, value in module.state_dict().items()}
+        # One parameter at a time, copied to the CPU on rank 0: the whole model gathered at once
+        # would not fit on a device, for just the models ZeRO-3 is for.
+        state = {}
+        for key, value in module.state_dict(keep_vars=True).items():
+            with deepspeed.zero.GatheredParameters([value] if hasattr(value, "ds_id") else [], modifier_rank=None):
+                if self.global_rank == 0:
+                    state[key] = value.detach().to("cpu", copy=True)
+        return state
 
     # --- checkpoints ---------------------------------------------------------------------------------
 
@@ -202,6 +212,7 @@ class StoreDeepSpeedStrategy(RayDeepSpeedStrategy):
                                                      load_module_strict=self.lightning_module.strict_loading)
         finally:
             shutil.rmtree(load_dir, ignore_errors=True)
+            self.files.release()
         if client_state is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {checkpoint_path}")
         return client_state
@@ -222,7 +233,7 @@ def plain_deepspeed_objects(value: Any) -> Any:
     if type(value).__name__ in known and type(value) is known[type(value).__name__]:
         return {OBJECT_KEY: type(value).__name__, "state": dict(vars(value))}
     if isinstance(value, dict):
-        return type(value)((key, plain_deepspeed_objects(item)) for key, item in value.items())
+        return _same_mapping(value, {key: plain_deepspeed_objects(item) for key, item in value.items()})
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(plain_deepspeed_objects(item) for item in value)
     return value
@@ -236,7 +247,14 @@ def with_deepspeed_objects(value: Any) -> Any:
             obj = cls.__new__(cls)
             obj.__dict__.update(value["state"])
             return obj
-        return type(value)((key, with_deepspeed_objects(item)) for key, item in value.items())
+        return _same_mapping(value, {key: with_deepspeed_objects(item) for key, item in value.items()})
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(with_deepspeed_objects(item) for item in value)
     return value
+
+
+def _same_mapping(original: dict, items: dict) -> dict:
+    """`items` as an OrderedDict where `original` was one (DeepSpeed's state dicts), else a dict."""
+    import collections
+
+    return collections.OrderedDict(items) if isinstance(original, collections.OrderedDict) else items

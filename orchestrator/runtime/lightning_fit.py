@@ -199,6 +199,11 @@ class OrchestratorCallback(Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.session.heartbeat.enter(FINISHING)
+        if not self.at_step_boundary() and self.session.rank == 0:
+            self.session.note_once(
+                "training ended with DeepSpeed holding the gradients of micro-batches that no optimizer step used "
+                "(an epoch's batches are not a multiple of accumulate_grad_batches); a checkpoint cannot hold them, "
+                "so a run continued from the final checkpoint differs from one longer run by those micro-batches")
         if trainer.global_step != self.session.last_save_step:
             self._update(trainer, batch_in_epoch=self.progress.batch_in_epoch)
             self._save(trainer, "end")
@@ -284,7 +289,6 @@ def _train(session: WorkerSession, scratch: str) -> None:
     _use_global_order_train_loader(datamodule, session, position, order)
 
     callback = OrchestratorCallback(session, pending_rng, order)
-    checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
     if spec.strategy == "fsdp":
         import ray.train.torch
 
@@ -293,9 +297,10 @@ def _train(session: WorkerSession, scratch: str) -> None:
     elif deepspeed:
         strategy = _deepspeed_strategy(session, restored, restored_state, scratch)
         callback.checkpoint_files, callback.at_step_boundary = strategy.checkpoint_files, strategy.at_step_boundary
-        restored_state = None  # DeepSpeed reads it through its checkpoint engine
+        restored_state = None  # DeepSpeed reads it through its checkpoint engine, not CheckpointIO
     else:
         strategy = RayDDPStrategy()
+    checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
     ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
     loggers = build_loggers(spec.logger, session.run_dir.lightning_logs)
     # Quiet by default (the driver prints progress); a user's own value wins.
@@ -353,7 +358,12 @@ def _deepspeed_strategy(session: WorkerSession, restored: Restored | None, clien
         return state
 
     files = StoreFiles(read if restored is not None else None)
-    strategy = StoreDeepSpeedStrategy(files, os.path.join(scratch, "deepspeed"), **session.spec.lightning.deepspeed)
+    args = dict(session.spec.lightning.deepspeed)
+    if isinstance(args.get("timeout"), (int, float)):  # seconds in the spec
+        import datetime
+
+        args["timeout"] = datetime.timedelta(seconds=args["timeout"])
+    strategy = StoreDeepSpeedStrategy(files, os.path.join(scratch, "deepspeed"), **args)
     if restored is not None:
         strategy.checkpoint_names = sorted(restored.manifest.files)
         files.serve(client_state_file(strategy.checkpoint_names, session.rank), client_state)
