@@ -114,8 +114,9 @@ class StoreFiles(CheckpointEngine):
 class StoreDeepSpeedStrategy(RayDeepSpeedStrategy):
     """RayDeepSpeedStrategy on CPUs as on GPUs, saving to and resuming from the store.
 
-    `on_files(files)` receives this rank's checkpoint files ({store name: state}) at every save;
-    `placeholders` is a scratch directory for the names DeepSpeed lists when it resumes.
+    `files` is this rank's checkpoint engine (what DeepSpeed saves is kept there for the store;
+    what it loads is served from there); `placeholders` is a folder in the worker's scratch for
+    the names DeepSpeed lists when it resumes, and for the recovery scripts it copies on a save.
     """
 
     def __init__(self, files: StoreFiles, placeholders: str, **deepspeed_args: Any):
