@@ -9,8 +9,11 @@ Everything is checked here, so that a refused setting never reaches the workers:
 - the arguments, against DeepSpeedStrategy's signature; a DeepSpeed `config` (a dict or a JSON
   file, read here and shipped as a dict, so the file need not exist on the workers);
 - what belongs to the Trainer or to the orchestrator is refused, naming the field to set: the
-  batch sizes, accumulation, clipping and precision are Trainer arguments that Lightning writes
-  into the DeepSpeed config itself, and the devices, cluster and process group come from Ray;
+  batch sizes, accumulation and clipping are Trainer arguments that Lightning writes into the
+  DeepSpeed config itself (a precision block is kept where it agrees with the Trainer's
+  precision), and the devices, cluster and process group come from Ray;
+- what would fail on the workers: ZeRO arguments beside a config (Lightning ignores them),
+  clipping by value, a precision DeepSpeed has no mode for;
 - what would take state around the store: DeepSpeed's own checkpoint engines and NVMe offload
   (whose swap files DeepSpeed copies beside its checkpoint files);
 - an elastic world size: DeepSpeed cannot repartition ZeRO optimizer states for another number
