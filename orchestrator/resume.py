@@ -82,13 +82,7 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
         )
     low, high = spec.scaling.min_workers, spec.scaling.num_workers
     if wanted == "deepspeed":
-        _check_deepspeed_layout(spec, choice)
-    if wanted == "deepspeed" and not low <= manifest.world_size <= high:
-        raise CheckpointError(
-            f"checkpoint {choice.uri} was written by {manifest.world_size} DeepSpeed ranks and this run has "
-            f"{high}: DeepSpeed cannot repartition ZeRO optimizer states for another number of ranks. Fix: set "
-            f"scaling.num_workers: {manifest.world_size} to resume it, or start a new run (another name, or "
-            "resume_from: none).")
+        _check_deepspeed(spec, choice)
     if not low <= manifest.world_size <= high:
         sizes = f"{high}" if low == high else f"from {low} to {high}"
         log.info("checkpoint %s was written by %d workers and this run has %s: the data continues at its "
@@ -96,9 +90,17 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
                  sizes, " and the sharded state is resharded" if manifest.sharded else "")
 
 
-def _check_deepspeed_layout(spec: JobSpec, choice: ResumeChoice) -> None:
+def _check_deepspeed(spec: JobSpec, choice: ResumeChoice) -> None:
+    """DeepSpeed loads only its own file layout, at the world size that wrote it."""
     from orchestrator.spec_deepspeed import layout_problem
 
+    written_by = choice.manifest.world_size
+    if written_by != spec.scaling.num_workers:  # (a DeepSpeed run has one size: elastic is refused)
+        raise CheckpointError(
+            f"checkpoint {choice.uri} was written by {written_by} DeepSpeed ranks and this run has "
+            f"{spec.scaling.num_workers}: DeepSpeed cannot repartition ZeRO optimizer states for another number of "
+            f"ranks. Fix: set scaling.num_workers: {written_by} to resume it, or start a new run (another name, or "
+            "resume_from: none).")
     problem = layout_problem(list(choice.manifest.files), spec.lightning.deepspeed,
                              spec.lightning.trainer.get("precision"))
     if problem:
