@@ -3,13 +3,16 @@
 latest: the newest committed checkpoint, by its manifest and file sizes (partial or corrupt ones
 are skipped with a warning naming them; the worker group checks the hashes before loading it);
 none: a fresh run, refused if the run directory already holds checkpoints unless the user asks
-to overwrite; <uri>: exactly that checkpoint or a clear error.
+to overwrite; <uri>: exactly that checkpoint or a clear error. A <uri> older than the run's newest
+checkpoint starts a branch: the later checkpoints are another trajectory's, and `branch` sets
+them aside before any worker starts (checkpoint/store.py, "Branches").
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.checkpoint import CheckpointStore, Manifest
 from orchestrator.checkpoint.manifest import written_strategy
@@ -26,6 +29,10 @@ class ResumeChoice:
     reason: str
     manifest: Manifest | None = None
     warnings: list[str] = field(default_factory=list)
+    # Set when resuming starts a branch: the checkpoints of this run after `branch_step` (and at
+    # it, with `branch_inclusive`: a checkpoint of another run was named) are superseded.
+    branch_step: int | None = None
+    branch_inclusive: bool = False
 
     def to_dict(self) -> dict:
         return {"uri": self.uri, "step": self.step, "reason": self.reason, "skipped": self.warnings}
@@ -60,7 +67,74 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
     info, _ = store.open_uri(mode, keep=lambda _name: False)  # checked, streamed, not held
     if info.manifest is None:
         raise CheckpointError(f"resume_from '{mode}': the checkpoint has no manifest. Fix: use resume_from: latest.")
-    return ResumeChoice(info.uri, info.step, "resume_from names this checkpoint", info.manifest)
+    choice = ResumeChoice(info.uri, info.step, "resume_from names this checkpoint", info.manifest)
+    # Named by its own folder: one of this run's checkpoints, or one of another run's (whose
+    # state at its step is not this run's either).
+    own = info.location.uri.rstrip("/") == store.root.join(info.name).uri.rstrip("/")
+    later = [i for i in store.scan() if i.step > info.step or (not own and i.step == info.step)]
+    if any(i.status in ("committed", "corrupt") for i in later):
+        choice.branch_step, choice.branch_inclusive = info.step, not own
+    return choice
+
+
+def branch(store: CheckpointStore, choice: ResumeChoice) -> str | None:
+    """Start the branch `choice` asks for (after its checks passed); what to tell the user."""
+    if choice.branch_step is None:
+        return None
+    superseded = store.supersede_after(choice.branch_step, inclusive=choice.branch_inclusive)
+    if not superseded:
+        return None
+    names = superseded[0].name if len(superseded) == 1 else f"{superseded[0].name} ... {superseded[-1].name}"
+    return (f"resuming from step {choice.branch_step} branches the run: {len(superseded)} later checkpoint(s) "
+            f"of the earlier trajectory ({names}) are superseded. Their files stay in {store.root.uri}, with "
+            "the manifest renamed to manifest.superseded.json; no run resumes from them, and this run's own "
+            "saves take their step names.")
+
+
+# Spec fields that may differ on every resume without saying so.
+_EXPECTED_CHANGES = ("resume_from",)
+# Config keys that an optimizer's restored state overrides (param_groups hold them).
+_OPTIMIZER_KEYS = ("lr", "learning_rate", "momentum", "weight_decay", "betas", "eps")
+
+
+def spec_changes(spec: JobSpec, manifest: Manifest | None) -> str | None:
+    """One line naming each spec field that differs from the run that wrote the checkpoint."""
+    if manifest is None or not manifest.spec:
+        return None
+    old, new = _flatten(manifest.spec), _flatten(spec.to_record())
+    changed = [key for key in sorted(old.keys() | new.keys())
+               if old.get(key, _ABSENT) != new.get(key, _ABSENT) and key.split(".")[0] not in _EXPECTED_CHANGES]
+    if not changed:
+        return None
+    parts = [f"{key}: {_show(old.get(key, _ABSENT))} -> {_show(new.get(key, _ABSENT))}" for key in changed]
+    line = f"this spec differs from the one that wrote the checkpoint: {'; '.join(parts)}."
+    optimizer = [k for k in changed if k.rsplit(".", 1)[-1] in _OPTIMIZER_KEYS
+                 and k.startswith(("torch.config.", "lightning.model.init_args."))]
+    if optimizer:
+        line += (f" Note: {', '.join(optimizer)} reach(es) the optimizer only when it is built; the optimizer state "
+                 "restored from the checkpoint then brings back the old value of its param_groups. To train "
+                 "with the new value, set it on optimizer.param_groups after the state is restored (after "
+                 "ctx.track(), or in on_train_start), or start a fresh run.")
+    return line
+
+
+_ABSENT = object()
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return "(unset)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:

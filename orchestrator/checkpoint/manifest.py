@@ -12,7 +12,11 @@ from typing import Any
 from orchestrator.errors import CheckpointError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+# A checkpoint a later branch of the run superseded keeps its manifest under this name: its files
+# stay on storage, but no reader takes it for committed (store.py, `supersede_after`).
+SUPERSEDED_NAME = "manifest.superseded.json"
+# 2: the manifest holds the spec of the run that wrote it (`spec`).
+FORMAT_VERSION = 2
 
 
 class NewerFormat(CheckpointError):
@@ -51,6 +55,9 @@ class Manifest:
     strategy: str = ""
     # Samples of the current epoch trained on by all ranks together: the data's global position.
     consumed: int = 0
+    # The job spec of the run that wrote it (JobSpec.to_dict()): a resume with another spec says
+    # what changed.
+    spec: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
 

@@ -22,7 +22,9 @@ def doomed(infos: list[CheckpointInfo], verified: set[str], keep_last: int | Non
     """The checkpoints to delete, oldest first. `infos` is the store's scan (oldest first).
 
     Also doomed: partial folders (interrupted writes) older than the newest committed
-    checkpoint, and folders an earlier pass moved aside but could not finish removing.
+    checkpoint, and folders an earlier pass moved aside but could not finish removing. Superseded
+    checkpoints (an earlier branch's, set aside when the run branched) are another trajectory's:
+    kept while `keep_last` keeps everything, else removed once older than the newest committed.
     """
     committed = [i for i in infos if i.status == "committed"]
     leftovers = [i for i in infos if i.name.startswith(DELETING_PREFIX)]
@@ -40,5 +42,6 @@ def doomed(infos: list[CheckpointInfo], verified: set[str], keep_last: int | Non
         scored.sort(key=lambda i: i.manifest.metrics[monitor], reverse=(mode == "max"))
         keep.update(i.name for i in scored[:k])
     newest = committed[-1].step
-    stale = [i for i in infos if i.status != "committed" and i.step < newest and i not in leftovers]
+    stale = [i for i in infos if i.status != "committed" and i.step < newest and i not in leftovers
+             and (keep_last is not None or i.status != "superseded")]
     return [i for i in committed if i.name not in keep] + stale + leftovers

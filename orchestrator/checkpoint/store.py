@@ -10,7 +10,14 @@ gives the same guarantee. Then the new checkpoint is read back (sizes and hashes
 on object stores); only a checkpoint confirmed that way lets retention delete older ones.
 
 Readers only ever take committed checkpoints, and loading re-checks every checksum, falling back
-to the previous checkpoint with a warning when one turns out partial or corrupt. A `fence`
+to the previous checkpoint with a warning when one turns out partial or corrupt.
+
+Branches. A run that resumes from a checkpoint older than its newest (a rollback with an explicit
+resume_from, or rank 0 falling back past a corrupt newest one) trains another trajectory from
+there, so the later checkpoints are not its own. `supersede_after` sets them aside first: each
+keeps its files, and its manifest under another name (`manifest.superseded.json`), so no reader
+resumes from it and the branch's own saves take its step names. Only then is a second save at a
+committed step always a replay of the same state (exact resume), which the store keeps as it is. A `fence`
 (the run's writer lease) is checked before every commit and deletion, so a writer that lost the
 run to a newer driver changes nothing.
 """
@@ -43,7 +50,14 @@ from orchestrator.checkpoint.files import (
     storage_full_error,
     write_file,
 )
-from orchestrator.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, NewerFormat, library_versions
+from orchestrator.checkpoint.manifest import (
+    MANIFEST_NAME,
+    SUPERSEDED_NAME,
+    FileEntry,
+    Manifest,
+    NewerFormat,
+    library_versions,
+)
 from orchestrator.errors import CheckpointError
 from orchestrator.storage import Location
 
@@ -73,6 +87,7 @@ class CheckpointInfo:
     location: Location
     step: int
     # committed | partial (no manifest: an interrupted write) | corrupt (manifest or files wrong)
+    # | superseded (a later branch of the run set it aside: files kept, never resumed from)
     status: str
     manifest: Manifest | None = None
     problem: str = ""
@@ -192,8 +207,8 @@ class CheckpointStore:
         """The newest checkpoint that verifies, its kept files, and a warning for each one skipped."""
         skipped: list[str] = []
         for info in reversed(self.scan()):
-            if info.name.startswith(TMP_PREFIX):
-                continue  # never committed; not worth a warning on every start
+            if info.name.startswith(TMP_PREFIX) or info.status == "superseded":
+                continue  # never committed, or set aside on purpose: not worth a warning on every start
             try:
                 files = self.read_files(info, keep)
             except CorruptCheckpoint as exc:
@@ -215,7 +230,7 @@ class CheckpointStore:
         """
         skipped: list[str] = []
         for info in reversed(self.scan()):
-            if info.name.startswith(TMP_PREFIX):
+            if info.name.startswith(TMP_PREFIX) or info.status == "superseded":
                 continue
             if info.status == "committed":
                 return Selection(info, {}, skipped)
@@ -294,8 +309,10 @@ class CheckpointStore:
     def _already_committed(self, final: Location, name: str, step: int) -> CheckpointInfo | None:
         """A whole checkpoint already committed at this step, which a new write must not replace.
 
-        Resume is exact, so a second save of step N holds the same training state; replacing the
-        first would open a window in which a crash leaves no checkpoint at step N at all.
+        Resume is exact and every branch supersedes the checkpoints after its start
+        (`supersede_after`), so a committed checkpoint at step N is this run's own state at N: a
+        second save of it (a replay after a crash) keeps it. Replacing it would open a window in
+        which a crash leaves no checkpoint at step N at all.
         """
         info = inspect_location(final, name, step)
         if info.status != "committed":
@@ -426,6 +443,37 @@ class CheckpointStore:
                 return committed
         return self.confirm(CheckpointInfo(name, final, step, "committed", manifest))
 
+    # --- branches ------------------------------------------------------------------------------
+
+    def supersede_after(self, step: int, *, inclusive: bool = False) -> list[CheckpointInfo]:
+        """Set aside every checkpoint after `step` (and at it, with `inclusive`): a branch of the
+        run starts there, and their states are another trajectory's.
+
+        Each keeps its files; its manifest is renamed to `manifest.superseded.json` (atomically
+        on a local filesystem; copied, then the original deleted, on an object store, so a crash
+        in between leaves it committed and the next branch start sets it aside again). Corrupt
+        ones whose manifest is present are set aside too: a replay must not keep them.
+        """
+        superseded = []
+        for info in self.scan():
+            beyond = info.step > step or (inclusive and info.step == step)
+            if not beyond or info.name.startswith(TMP_PREFIX) or info.manifest is None:
+                continue
+            if info.status not in ("committed", "corrupt"):
+                continue
+            self._fenced()
+            manifest, aside = info.location.join(MANIFEST_NAME), info.location.join(SUPERSEDED_NAME)
+            if info.location.is_local:
+                os.replace(manifest.path, aside.path)
+                fsync_dir(info.location.path)
+            else:
+                info.location.fs.copy_file(manifest.path, aside.path)
+                info.location.fs.delete_file(manifest.path)
+            self.verified.discard(info.name)
+            info.status, info.problem = "superseded", _SUPERSEDED
+            superseded.append(info)
+        return superseded
+
     # --- deleting ------------------------------------------------------------------------------
 
     def delete(self, info: CheckpointInfo) -> list[str]:
@@ -489,11 +537,14 @@ class CheckpointStore:
         return iter(self.scan())
 
 
+_SUPERSEDED = "a later branch of the run started before it (files kept; not resumed from)"
+
+
 def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
     """Status of the checkpoint folder at `loc`, from its manifest and file sizes (checksums: read_files)."""
     manifest_loc = loc.join(MANIFEST_NAME)
     if not storage.exists(manifest_loc):
-        return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
+        return _uncommitted(loc, name, step)
     try:
         manifest = Manifest.from_json(storage.read_bytes(manifest_loc), source=loc.uri)
     except NewerFormat:
@@ -510,6 +561,18 @@ def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
             info.status, info.problem = "corrupt", f"file '{fname}' has {finfo.size} bytes, manifest says {entry.size}"
             break
     return info
+
+
+def _uncommitted(loc: Location, name: str, step: int) -> CheckpointInfo:
+    """A folder without a manifest: superseded by a later branch, or a write that never committed."""
+    aside = loc.join(SUPERSEDED_NAME)
+    if storage.exists(aside):
+        try:
+            manifest = Manifest.from_json(storage.read_bytes(aside), source=loc.uri)
+        except Exception:  # noqa: BLE001 - still set aside; only its details are unknown
+            manifest = None
+        return CheckpointInfo(name, loc, step, "superseded", manifest, problem=_SUPERSEDED)
+    return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
 
 
 def _tmp_step(name: str) -> int:
