@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import json
 import os
 import re
 import sys
@@ -177,8 +178,24 @@ class FailureSpec:
     # Seconds without progress after which a worker counts as hung and the group restarts from
     # the newest checkpoint: a rank that stops answering (SIGSTOP, a frozen node) or ranks that
     # stop taking optimizer steps while training (a deadlock, a stuck collective). The first
-    # step, checkpoints and validation are not timed. Must exceed the longest optimizer step.
+    # step, checkpoints and validation are not timed by it (the first step and checkpoints have
+    # limits of their own, below). Must exceed the longest optimizer step.
     hang_timeout_s: float = 60.0
+    # Seconds a rank may spend starting: from its group's start to its first optimizer step
+    # (restoring the checkpoint, building the model, a compiled or autotuned first step).
+    startup_timeout_s: float = 1800.0
+    # Seconds a rank may spend in one save: gathering and copying the state, and waiting for the
+    # previous background write (its upload, read-back and retention) to end. A storage stall
+    # (a hard NFS mount) past it restarts the group.
+    checkpoint_timeout_s: float = 1800.0
+    # Seconds a rank may spend finishing: after the last step, the end save and its write.
+    finish_timeout_s: float = 1800.0
+
+    @property
+    def phase_limits(self) -> dict[str, float]:
+        """The hang watchdog's limit for each phase that has one of its own (watchdog.py)."""
+        return {"starting": self.startup_timeout_s, "checkpoint": self.checkpoint_timeout_s,
+                "finishing": self.finish_timeout_s}
     # Seconds a run waits for the cluster to have room for its workers, at the start or after a
     # loss, before it gives up (exit 1, checkpoints kept). It says what it waits for every 30 s.
     capacity_timeout_s: float = 600.0
@@ -228,6 +245,10 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict[str, Any]:
+        """to_dict() as JSON gives it back (lists for tuples): what a checkpoint's manifest keeps."""
+        return json.loads(json.dumps(self.to_dict(), default=str))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -662,6 +683,9 @@ def _failure(raw: Any) -> FailureSpec:
     return FailureSpec(max_failures=_int(raw, "max_failures", path, 3, minimum=-1),
                        max_preemptions=_int(raw, "max_preemptions", path, -1, minimum=-1),
                        hang_timeout_s=_seconds(raw, "hang_timeout_s", path, 60.0, minimum=5.0),
+                       startup_timeout_s=_seconds(raw, "startup_timeout_s", path, 1800.0, minimum=5.0),
+                       checkpoint_timeout_s=_seconds(raw, "checkpoint_timeout_s", path, 1800.0, minimum=5.0),
+                       finish_timeout_s=_seconds(raw, "finish_timeout_s", path, 1800.0, minimum=5.0),
                        capacity_timeout_s=_seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0))
 
 

@@ -11,9 +11,15 @@ training thread is doing (a phase) and for how long it has made no progress. Thi
 inside the run monitor, gives a verdict when
 - a rank of the current worker group has sent no heartbeat for `hang_timeout_s` while its peers
   do (the process is frozen: SIGSTOP, a stalled node), or
-- a rank in the `training` phase has taken no step for `hang_timeout_s`.
-The other phases (starting up before the first step, checkpointing, validation, the end of an
-epoch, finishing) are not timed: they are legitimately long and end on their own.
+- a rank has spent longer in `starting` (up to its group's first optimizer step: restoring,
+  compiling, autotuning), `checkpoint` (a save, waiting for the previous write) or `finishing`
+  (the end save, the last write) than that phase's own limit (`failure.startup_timeout_s`,
+  `checkpoint_timeout_s`, `finish_timeout_s`): a storage stall there would otherwise hang a run
+  for ever, or
+- a rank in the `training` phase has taken no step for `hang_timeout_s`, while no rank of its
+  group is in one of the phases above: peers blocked in the next collective while one rank
+  checkpoints or starts up are waiting for it, not hung, and that rank has a limit of its own.
+Validation and the end of an epoch (the user's evaluation) are not timed.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TIMED_PHASE = "training"
+# The spec field that bounds each phase with a limit of its own.
+PHASE_LIMIT_FIELDS = {"starting": "failure.startup_timeout_s", "checkpoint": "failure.checkpoint_timeout_s",
+                      "finishing": "failure.finish_timeout_s"}
 # Seconds without a heartbeat (sent every second) after which a rank counts as silent.
 SILENT_AFTER_S = 4.0
 
@@ -44,16 +53,21 @@ class Beat:
 @dataclass
 class HangWatchdog:
     hang_timeout_s: float
+    # Seconds allowed in each phase of PHASE_LIMIT_FIELDS (a phase absent here is not timed).
+    phase_limits: dict[str, float] = field(default_factory=dict)
     group: int = -1
     world_size: int = 0
     beats: dict[int, Beat] = field(default_factory=dict)
     verdict: dict[str, Any] | None = None
     started: float = 0.0
+    # When a rank of the group was last seen in a phase with a limit of its own.
+    limited_seen: float = float("-inf")
 
     def new_group(self, group: int, world_size: int, now: float) -> None:
         self.group, self.world_size = group, world_size
         self.beats.clear()
         self.verdict = None
+        self.limited_seen = float("-inf")
         # A rank frozen before its first heartbeat is silent since the group began.
         self.started = now
 
@@ -63,6 +77,8 @@ class HangWatchdog:
             return None  # a late beat of a group already replaced
         beat.received = now
         self.beats[beat.rank] = beat
+        if beat.phase in self.phase_limits:
+            self.limited_seen = now
         return self.check(now)
 
     def check(self, now: float) -> dict[str, Any] | None:
@@ -76,15 +92,26 @@ class HangWatchdog:
         silent = [b for b in everyone if now - b.received > SILENT_AFTER_S]
         if len(silent) == len(everyone):
             silent = []
-        stalled = [b for b in self.beats.values() if b.phase == TIMED_PHASE and b.idle_s > limit]
-        if any(now - b.received > limit for b in silent) or (stalled and silent):
+        overlong = [b for b in self.beats.values()
+                    if b.phase in self.phase_limits and b.idle_s > self.phase_limits[b.phase]]
+        # Peers blocked behind a rank in a limited phase wait for it: only its own limit counts,
+        # and their stall counts from the last time a rank was seen there. (Beats are a second
+        # apart: a peer's newest beat may still show the wait that just ended.)
+        waiting_s = now - self.limited_seen
+        stalled = [b for b in self.beats.values() if b.phase == TIMED_PHASE and min(b.idle_s, waiting_s) > limit]
+        if any(now - b.received > limit for b in silent) or ((stalled or overlong) and silent):
             # A frozen rank stalls its peers too; it is the one to name.
             self.verdict = self._verdict("stopped answering", silent, now)
+        elif overlong:
+            phase = overlong[0].phase
+            self.verdict = self._verdict(f"stayed in the {phase} phase", [b for b in overlong if b.phase == phase],
+                                         now, self.phase_limits[phase], PHASE_LIMIT_FIELDS.get(phase))
         elif stalled:
             self.verdict = self._verdict("made no progress", stalled, now)
         return self.verdict
 
-    def _verdict(self, what: str, ranks: list[Beat], now: float) -> dict[str, Any]:
+    def _verdict(self, what: str, ranks: list[Beat], now: float, limit_s: float | None = None,
+                 limit_field: str | None = None) -> dict[str, Any]:
         culprits = sorted(ranks, key=lambda b: b.rank)
         culprit_ranks = {b.rank for b in culprits}
         others = [b for r, b in sorted(self.beats.items()) if r not in culprit_ranks]
@@ -95,6 +122,8 @@ class HangWatchdog:
                   + (f", {b.frame}" if b.frame else "") for b in culprits]
         detail += [f"rank {b.rank} at step {b.step} ({b.phase})" + (f", {b.frame}" if b.frame else "")
                    for b in others]
-        message = f"{who} {what} for more than {self.hang_timeout_s:g} s: " + "; ".join(detail)
+        limit_s = self.hang_timeout_s if limit_s is None else limit_s
+        limit_field = limit_field or "failure.hang_timeout_s"
+        message = f"{who} {what} for more than {limit_s:g} s ({limit_field}): " + "; ".join(detail)
         return {"group": self.group, "what": what, "ranks": [b.rank for b in culprits],
                 "nodes": [b.node_id for b in culprits], "message": message, "time": now}

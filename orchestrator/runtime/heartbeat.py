@@ -34,7 +34,9 @@ REPLY_TIMEOUT_S = 10.0
 # Exit status of a worker that ends itself because its group hung.
 HANG_EXIT_CODE = 75
 
-# What the training thread does; only "training" is timed by the watchdog.
+# What the training thread does. "training" is timed by failure.hang_timeout_s; "starting" (up to
+# the group's first optimizer step), "checkpoint" and "finishing" have limits of their own; the
+# rest are not timed (watchdog.py).
 STARTING, TRAINING, CHECKPOINT, VALIDATION, EPOCH_END, FINISHING = (
     "starting", "training", "checkpoint", "validation", "epoch_end", "finishing")
 
@@ -47,6 +49,9 @@ class Heartbeat:
         self.step = 0
         self.phase = STARTING
         self._since = time.monotonic()
+        # Until this group's first optimizer step, training counts as starting: a first step
+        # that compiles the model or autotunes kernels is legitimately long, on every restart.
+        self._stepped_once = False
         self.stop_requested = False
         self._flush_logs = flush_logs
         self._interval_s = interval_s
@@ -67,9 +72,12 @@ class Heartbeat:
         """After every optimizer step: progress, and back in the timed phase."""
         self.step = step
         self.phase = TRAINING
+        self._stepped_once = True
         self._since = time.monotonic()
 
     def enter(self, phase: str) -> None:
+        if phase == TRAINING and not self._stepped_once:
+            phase = STARTING
         self.phase = phase
         self._since = time.monotonic()
 

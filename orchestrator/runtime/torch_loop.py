@@ -33,7 +33,7 @@ from orchestrator.data.parquet import ParquetDataset
 from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
-from orchestrator.runtime.heartbeat import EPOCH_END, TRAINING
+from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING
 from orchestrator.runtime.rng import restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import (
@@ -433,10 +433,11 @@ class ResumableLoader:
                 yield to_device(batch, ctx.device)
         finally:
             ctx._iterating.remove(self)
-        if self._is_training():
-            # The epoch's data is done: what the loop does until the next epoch's first batch
-            # (evaluation, logging) is not timed as a hang.
-            heartbeat.enter(EPOCH_END)
+            if self._is_training():
+                # The training pass is over, whether its data ran out, max_steps ended it
+                # mid-epoch or the loop broke out: what the loop does until the next epoch's
+                # first batch (evaluation, logging, the end save) is not timed as a hang.
+                heartbeat.enter(EPOCH_END)
 
 
 def train_torch(session: WorkerSession) -> None:
@@ -458,6 +459,9 @@ def train_torch(session: WorkerSession) -> None:
         train_loop(ctx)
     except StopTraining:
         stopped = True  # the stop checkpoint is in the writer's hands; finish() commits it
+    # The end save, the last write and (fsdp) the gathered model are bounded by
+    # failure.finish_timeout_s, not by the training step's hang timeout.
+    session.heartbeat.enter(FINISHING)
     # The end-of-run checkpoint, unless the last save was at this very step.
     if not stopped and ctx.progress.step != session.last_save_step:
         ctx.save(reason="end")
