@@ -35,6 +35,7 @@ from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.checkpoint.serialization import plain_state
 from orchestrator.data.module import build_datamodule
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
+from orchestrator.data.seeded import for_workers
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
@@ -457,7 +458,8 @@ def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: 
         sampler.start_at(position["epoch"], position["consumed"])
         sampler.set_epoch(position["epoch"])
         order.sampler = sampler
-        return _PositionedLoader(loader.dataset, batch_size=micro, sampler=sampler, **_loader_settings(loader))
+        dataset, indices = for_workers(loader.dataset, sampler, seed=spec.seed, num_workers=loader.num_workers)
+        return _PositionedLoader(dataset, batch_size=micro, sampler=indices, **_loader_settings(loader))
 
     datamodule.__class__ = type(original_cls.__name__, (original_cls,), {"train_dataloader": train_dataloader})
 

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from orchestrator.checkpoint import Serialized, loads_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.data.parquet import ParquetDataset
+from orchestrator.data.seeded import for_workers
 from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
@@ -385,7 +386,9 @@ class ResumableLoader:
             sampler = GlobalOrderSampler(self.dataset, world_size=ctx.world_size, rank=ctx.rank,
                                          global_batch=global_batch, micro_batch=micro, shuffle=self.shuffle,
                                          seed=ctx.seed, drop_last=self.drop_last, training=training)
-            loader = DataLoader(self.dataset, batch_size=micro, sampler=sampler, **self._loader_kwargs)
+            dataset, indices = for_workers(self.dataset, sampler, seed=ctx.seed,
+                                           num_workers=self._loader_kwargs.get("num_workers", 0))
+            loader = DataLoader(dataset, batch_size=micro, sampler=indices, **self._loader_kwargs)
             self._built[key] = (loader, sampler)
         return self._built[key]
 
