@@ -20,7 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import cluster, resume, storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.checkpoint.lease import RunLease
+from orchestrator.checkpoint.lease import LeaseLost, RunLease
 from orchestrator.errors import RunStopped, TrainingFailed
 from orchestrator.faults import FailureClassifier
 from orchestrator.goodput import compute as compute_goodput
@@ -66,8 +66,13 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
     layout = RunDir.of(job.storage, job.name)
     storage.ensure_dir(layout.location)
-    # One writer per run: a second driver is refused here, naming the one that holds the run.
-    with RunLease.acquire(layout).start_heartbeat() as run_lease:
+    # One writer per run: a second driver is refused here, naming the one that holds the run. A
+    # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
+    def lease_lost(exc: LeaseLost) -> None:
+        # On the lease's heartbeat thread: _Attempt._fit ends the workers within its next poll.
+        say(f"run '{job.name}' was taken over by another driver: ending this driver's workers now")
+
+    with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
         return _run_holding(job, layout, run_lease, address, overwrite, say, _process_exits)
 
 
@@ -80,11 +85,17 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         say(f"warning: {warning}")
     resume.check_compatible(job, choice)
     say(f"run '{job.name}' in {run_dir.uri}: {choice.reason}" + (f" -> {choice.uri}" if choice.uri else ""))
+    changes = resume.spec_changes(job, choice.manifest)
+    if changes:
+        say(f"note: {changes}")
 
     if resume.is_finished(job, choice.manifest):
         say(f"run '{job.name}' already finished at step {choice.step}; nothing to do "
             "(raise max_epochs or max_steps to train further)")
         return _already_finished(job, run_dir, choice)
+    branched = resume.branch(store, choice)
+    if branched:
+        say(f"note: {branched}")
 
     started = time.time()
     worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
@@ -96,9 +107,10 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")
         try:
-            monitor = start_monitor(job.failure.hang_timeout_s)
+            monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits)
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, lease_generation=run_lease.generation,
+                                   lease_nonce=run_lease.nonce,
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()))
             trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
             where = metrics_endpoint()
@@ -108,8 +120,10 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             # right after) or on the warm local one (Ray ends a job's actors when its driver
             # leaves): waiting for Ray Train's teardown would only delay the user.
             fast_exit = process_exits and (connection.embedded or connection.warm)
-            attempt = _Attempt(job, run_dir, choice, monitor, say, started, done_when_finished=fast_exit)
+            attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, done_when_finished=fast_exit)
             result, error = attempt.fit(trainer)
+            if run_lease.lost is not None:
+                raise run_lease.lost  # the run is the newer driver's now, summary.json too
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
             _save_summary(run_dir, result, say)
         finally:
@@ -129,9 +143,11 @@ class _Attempt:
     """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
 
     def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float,
-                 done_when_finished: bool = False):
+                 run_lease: RunLease, done_when_finished: bool = False):
         self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
         self.started = started
+        # Its `lost` is set (and on_lost called) by the lease's heartbeat once another driver took the run over.
+        self.run_lease = run_lease
         # Stop waiting for trainer.fit() once rank 0 reported the end (checkpoints committed):
         # what is left is Ray Train's teardown, which the caller's exit makes moot.
         self.done_when_finished = done_when_finished
@@ -177,7 +193,13 @@ class _Attempt:
                     finished_since = time.monotonic()
                 if finished_since is not None and time.monotonic() - finished_since > FINISHED_GRACE_S:
                     return None
-            if self.signals.received and not summarized:
+            if self.run_lease.lost is not None and aborting_since is None:
+                # Another driver holds the run now: end this one's workers at once, with no restart
+                # (their commits are fenced off already), rather than at their next checkpoint.
+                self.monitor.request_stop.remote(time.time())
+                self.monitor.abort.remote(f"this driver lost the run to another driver: {self.run_lease.lost}")
+                aborting_since = time.monotonic()
+            if self.signals.received and not summarized and self.run_lease.lost is None:
                 summarized = True
                 self._write_partial_summary()  # the sender may kill this process before the workers are done
             left = self.signals.grace_left()

@@ -7,12 +7,10 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import torch
 from conftest import run_cli
 
-from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state
 from orchestrator.checkpoint.lease import RunLease
 from orchestrator.result import RunResult, write_summary
@@ -32,12 +30,6 @@ def summary(layout: RunDir, status: str, **fields) -> None:
     write_summary(layout.location, result)
 
 
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
-
-
 def test_status_tells_running_finished_failed_and_a_dead_driver_apart(tmp_path):
     root = str(tmp_path / "runs")
     finished, failed, died, running = (RunDir.of(root, n) for n in ("done", "broken", "orphan", "live"))
@@ -48,10 +40,11 @@ def test_status_tells_running_finished_failed_and_a_dead_driver_apart(tmp_path):
     checkpoint(failed, 10)
     with RunLease.acquire(failed):
         summary(failed, "failed")
-    # A driver SIGKILLed mid-run: its lease was never released and its process is gone.
+    # A driver that ended mid-run without releasing its lease (as if SIGKILLed): its process is gone.
     checkpoint(died, 20)
-    lease = RunLease.acquire(died)
-    storage.write_atomic(died.lease, replace(lease.holder, pid=dead_pid()).to_json().encode())
+    subprocess.run([sys.executable, "-c", "import os, sys\nfrom orchestrator.checkpoint.lease import RunLease\n"
+                    "from orchestrator.run_dir import RunDir\nRunLease.acquire(RunDir.at(sys.argv[1]))\nos._exit(0)",
+                    died.uri], check=True, timeout=120)
     # A live driver (this process) holding its run, a stale summary of an earlier run beside it.
     summary(running, "finished")
     checkpoint(running, 40, world_size=3)

@@ -29,16 +29,12 @@ def state(step: int, size: int = 1000) -> Serialized:
 def test_an_orphaned_writer_commits_and_deletes_nothing_after_a_takeover(tmp_path):
     run_dir = RunDir.at(str(tmp_path / "run"))
     first = RunLease.acquire(run_dir)
-    orphan = CheckpointStore(run_dir.location, fence=lambda: lease.fence(run_dir, first.generation))
+    orphan = CheckpointStore(run_dir.location, fence=lambda: lease.fence(run_dir, first.generation, first.nonce))
     orphan.commit(manifest(1), {"state.pt": state(1)})
     orphan.commit(manifest(2), {"state.pt": state(2)})
-    # The first driver dies without releasing; a new one takes over (its heartbeat is stale).
-    lease_file = run_dir.lease.path
-    stale = json.loads(open(lease_file).read())
-    stale.update(host="a-host-that-died", heartbeat_at=stale["heartbeat_at"] - 3600)
-    with open(lease_file, "w") as f:
-        json.dump(stale, f)
-    second = RunLease.acquire(run_dir)
+    # The first driver's heartbeat stands still (it never started here): a new driver that watched
+    # it stand still for a TTL takes the run over.
+    second = RunLease.acquire(run_dir, ttl_s=0.5)
     assert second.generation == first.generation + 1
 
     with pytest.raises(LeaseLost, match=f"generation {second.generation}"):

@@ -23,6 +23,9 @@ class WorkerConfig:
     log_dir: str | None
     # The driver's writer lease on the run: every commit and deletion checks it is still current.
     lease_generation: int | None
+    # ... and the nonce it took that generation with (two drivers racing for one generation on an
+    # object store are told apart by it).
+    lease_nonce: str | None
     # The nonce of the storage marker the driver wrote: each worker must read it back.
     storage_nonce: str | None
 

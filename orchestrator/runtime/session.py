@@ -78,17 +78,18 @@ class WorkerSession:
         self.world_size = context.get_world_size()
         self.local_rank = context.get_local_rank()
         self.node_id = ray.get_runtime_context().get_node_id()
-        generation = config.lease_generation
+        generation, nonce = config.lease_generation, config.lease_nonce
         # Every commit and deletion first checks that the driver that started this group still
         # holds the run: an orphaned group of a driver that was replaced changes nothing.
         self.store = CheckpointStore(self.run_dir.location, fence=None if generation is None else
-                                     (lambda: lease.fence(self.run_dir, generation)))
+                                     (lambda: lease.fence(self.run_dir, generation, nonce)))
         # Sharded state (fsdp on either path): every rank writes its own part of each checkpoint.
         self.sharded = self.spec.sharded
         self.writer = AsyncCheckpointWriter(
             self.store, asynchronous=self.spec.checkpoint.async_save, on_commit=self._on_commit
         ) if self.rank == 0 or self.sharded else None
         self._buffers = SnapshotBuffers()
+        self._spec_record = self.spec.to_record()
         self.heartbeat: Heartbeat | None = None
         self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size,
                                    stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested))
@@ -190,6 +191,13 @@ class WorkerSession:
             return decision
         self._rank0_restored = Restored(selection.info, selection.files)
         decision["uri"] = selection.info.uri
+        # The group trains again from an older step: every checkpoint after it failed to load,
+        # and the replayed saves must replace them, not keep them (store.py, "Branches").
+        try:
+            self.store.supersede_after(selection.info.step)
+        except Exception as exc:  # noqa: BLE001 - one announced decision for the whole group
+            decision["error"] = f"rank 0 could not set aside the unreadable checkpoints after it: {exc}"
+            return decision
         log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
                     candidate, cause, selection.info.uri)
         self.monitor.push.remote("resume_fallback", wanted=candidate, cause=cause, uri=selection.info.uri)
@@ -304,7 +312,7 @@ class WorkerSession:
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
                             consumed=progress.consumed, world_size=self.world_size, kind=self.spec.kind, files={},
                             metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded,
-                            strategy=self.spec.strategy)
+                            strategy=self.spec.strategy, spec=self._spec_record)
         if self.sharded:
             self.writer.save_shard(manifest, token, self.rank, build_files)
         else:
