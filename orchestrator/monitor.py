@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator.watchdog import Beat, HangWatchdog
 
 
-def start_monitor(hang_timeout_s: float) -> ray.actor.ActorHandle:
+def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None) -> ray.actor.ActorHandle:
     """A RunMonitor on the driver's own node.
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
@@ -30,16 +30,16 @@ def start_monitor(hang_timeout_s: float) -> ray.actor.ActorHandle:
     """
     here = ray.get_runtime_context().get_node_id()
     return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        hang_timeout_s)
+        hang_timeout_s, phase_limits)
 
 
 @ray.remote(num_cpus=0)
 class RunMonitor:
-    def __init__(self, hang_timeout_s: float = 60.0) -> None:
+    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None) -> None:
         self._events: list[dict[str, Any]] = []
         self._latest_checkpoint: dict[str, Any] | None = None
         self._groups = 0
-        self._watchdog = HangWatchdog(hang_timeout_s)
+        self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
@@ -83,10 +83,14 @@ class RunMonitor:
 
     def failure_context(self) -> dict[str, Any]:
         """What Ray Train's controller needs to classify a failure of the current group: the hang
-        verdict, whether the run is stopping, and where each rank ran."""
-        places = {e["rank"]: {"node_id": e["node_id"], "pid": e["pid"]} for e in self._events
-                  if e["kind"] == "worker_started" and e.get("group") == self._groups}
-        return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places}
+        verdict, whether the run is stopping, where each rank ran, and the earlier failures'
+        errors a retry could have got past (an error back at the same step is the data's)."""
+        places = {e["rank"]: {"node_id": e["node_id"], "pid": e["pid"], "hostname": e.get("hostname", "")}
+                  for e in self._events if e["kind"] == "worker_started" and e.get("group") == self._groups}
+        earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
+                   if e["kind"] == "failure" for r in e["ranks"] if r.get("signature")]
+        return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places,
+                "earlier": earlier}
 
     def request_stop(self, deadline: float) -> None:
         if self._stop_requested is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,12 +12,17 @@ from orchestrator.goodput import describe as goodput_line
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
+# faults.TAKEN_OVER: the classification of a failure that another driver's takeover caused.
+TAKEN_OVER = "taken_over"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class RunResult:
     name: str
-    # finished | failed | stopped (by a signal: Ctrl-C, ray job stop) | already_finished
+    # finished | failed | stopped (by a signal: Ctrl-C, ray job stop) | already_finished |
+    # taken_over (another driver took the run over)
     status: str
     run_dir: str
     world_size: int
@@ -71,7 +77,7 @@ class RunResult:
         last_group = sorted(groups[-1], key=lambda e: e["rank"]) if groups else []
         return cls(
             name=job.name,
-            status=_status(error, finished, stopped_by),
+            status=_status(error, finished, stopped_by, events),
             run_dir=run_dir.uri,
             world_size=last_group[0]["world_size"] if last_group else job.scaling.num_workers,
             global_step=int(source.get("step", 0)),
@@ -130,9 +136,12 @@ def _changes(values: list[int]) -> list[int]:
     return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
 
 
-def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None) -> str:
+def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None,
+            events: list[dict[str, Any]]) -> str:
     if stopped_by or (finished or {}).get("stopped"):
         return "stopped"
+    if error is not None and any(e["kind"] == "failure" and e["classification"] == TAKEN_OVER for e in events):
+        return TAKEN_OVER
     return "failed" if error is not None or finished is None else "finished"
 
 
@@ -146,4 +155,8 @@ def _error_line(error: BaseException | None, stopped_by: str | None) -> str | No
 
 
 def write_summary(run_dir: Location, result: RunResult) -> None:
+    """summary.json; not for a run taken over: the run directory, and its summary, are the newer driver's."""
+    if result.status == TAKEN_OVER:
+        log.warning("%s is left to the driver that took run '%s' over", result.summary_path, result.name)
+        return
     storage.write_atomic(run_dir.join(SUMMARY_NAME), json.dumps(result.to_dict(), indent=2, sort_keys=True).encode())

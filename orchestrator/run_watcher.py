@@ -19,7 +19,7 @@ import ray
 import ray.train
 
 from orchestrator.capacity import fmt, worker_resources, workers_that_fit
-from orchestrator.faults import UserCodeFailed
+from orchestrator.faults import RunTakenOver, UserCodeFailed
 from orchestrator.metrics import RunMetrics
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
@@ -191,8 +191,10 @@ class RunWatcher:
         if kind == "failure":
             self._group_down()
             ranks = "; ".join(_record_line(r) for r in event["ranks"]) or "no rank reported an error"
-            then = {"user": "not retried: it is an error in the training code",
-                    "stopped": "not restarted: the run is stopping"}.get(
+            user = ("not retried: it came back at the same step after a restart" if _repeated(event["ranks"])
+                    else "not retried: it is an error in the training code")
+            then = {"user": user, "stopped": "not restarted: the run is stopping",
+                    "taken_over": "not restarted: another driver took the run over, and this one stops"}.get(
                 event["classification"], "restarting from the newest committed checkpoint")
             return f"failure ({event['classification']}): {ranks}; {then}"
         if kind == "warning":
@@ -215,8 +217,15 @@ def _batch_note(job: JobSpec, size: int) -> str:
 
 def _record_line(record: dict[str, Any]) -> str:
     where = f" at {record['where']}" if record.get("where") else ""
-    place = f" (node {record['node_id'][:12]}, pid {record['pid']})" if record.get("node_id") else ""
-    return f"rank {record['rank']}{place}: {record['error']}{where}"
+    host = f", host {record['hostname']}" if record.get("hostname") else ""
+    place = f" (node {record['node_id'][:12]}{host}, pid {record['pid']})" if record.get("node_id") else ""
+    # A repeat's note is the paragraph's to tell (describe_failure); a GPU fault's says which node to drain.
+    note = f" ({record['note']})" if record.get("note") and not record.get("repeated") else ""
+    return f"rank {record['rank']}{place}: {record['error']}{where}{note}"
+
+
+def _repeated(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r for r in records if r.get("repeated")), None)
 
 
 def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watcher: RunWatcher | None) -> str:
@@ -225,13 +234,26 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
     kept = ("The newest committed checkpoint is kept; fix the cause and run the same command again to resume "
             "from it.")
     root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error
+    if isinstance(root, RunTakenOver):
+        # LeaseLost's own text says what happened and who holds the run now; its advice is given here.
+        lost = root.records[0]["error"] if root.records else root.message
+        taken = lost.removeprefix("LeaseLost: ").split(" This writer stops")[0].rstrip(".")
+        return (f"run '{job.name}' stopped on this driver: another driver took the run over ({taken}). This "
+                "driver's workers stopped without a retry, and it leaves the run directory, summary.json included, "
+                "to the newer driver, which continues the run from the newest committed checkpoint. Fix: nothing "
+                "if that driver is meant to run it; otherwise stop it and run the same command here again.")
     if isinstance(root, UserCodeFailed):
         first = root.records[0] if root.records else {"rank": 0}
         log_file = f"{logs}/rank-{first['rank']}.log" if logs else "Ray's worker logs (ray logs)"
         attempt = "its first attempt" if not result.restarts else f"attempt {result.restarts + 1}"
-        return (f"run '{job.name}' failed on {attempt}: {root.message}. This is an error in the training code, "
-                f"so it was not retried (failure.max_failures applies to lost workers, nodes and hangs). "
-                f"Full traceback: {log_file}. {kept}")
+        repeated = _repeated(root.records)
+        why = ("This is an error in the training code, so it was not retried (failure.max_failures applies to "
+               "lost workers, nodes and hangs).") if not repeated else (
+            f"The first time, it was retried as a possible storage hiccup; it came back at the same step "
+            f"({repeated['step']}) after the restart from the newest checkpoint, which replays the same batch, so it "
+            "is deterministic (the data at that step, the code, or access to storage), not the infrastructure, and "
+            "it was not retried again.")
+        return f"run '{job.name}' failed on {attempt}: {root.message}. {why} Full traceback: {log_file}. {kept}"
     if type(root).__name__ == "WorkerGroupStartupTimeoutError":
         why = capacity_shortfall(job) or (watcher.last_shortfall if watcher else None) or \
             "the cluster did not place the workers in time"

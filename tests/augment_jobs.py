@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from faulty import _kill_once
 from torch.utils.data import Dataset
 
-from faulty import _kill_once
 from jobs.digits_data import load_split
 from jobs.digits_torch import build_model
 

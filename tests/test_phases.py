@@ -87,7 +87,7 @@ def test_the_phase_limits_are_spec_fields_with_a_floor():
     spec = validate({"name": "x", "torch": {"train_loop": "jobs.digits_torch:train_loop", "max_steps": 5},
                      "failure": {"checkpoint_timeout_s": 120}})
     assert spec.failure.phase_limits == {"starting": 1800.0, "checkpoint": 120.0, "finishing": 1800.0}
-    with pytest.raises(SpecError, match="failure.finish_timeout_s"):
+    with pytest.raises(SpecError, match=r"failure\.finish_timeout_s"):
         validate({"name": "x", "torch": {"train_loop": "jobs.digits_torch:train_loop", "max_steps": 5},
                   "failure": {"finish_timeout_s": 1}})
 

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,16 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 
 class DataError(UserError):
     """The data section's input cannot be read as asked."""
+
+
+class ParquetReadError(OSError):
+    """A row group pyarrow could not read or decode while training (a damaged page, access denied).
+
+    An OSError without errno, as pyarrow's own error is: the first one is retried as a storage
+    hiccup would be, and the same one at the same step after the restart is the data's
+    (faults.py). It takes its message alone, so that a DataLoader worker can raise it again in
+    the training process as this type.
+    """
 
 
 @dataclass(frozen=True)
@@ -293,15 +304,34 @@ class ParquetDataset(torch.utils.data.Dataset):
             self._cache.move_to_end(index)
             return self._cache[index]
         group = self.source.row_groups[index]
-        handle = self._files.get(group.file)
-        if handle is None:
-            handle = self._files[group.file] = pq.ParquetFile(self.source._fs.open_input_file(group.file))
-        table = handle.read_row_group(group.index, columns=list(dict.fromkeys(c.column for c in self.source.columns)))
+        try:
+            handle = self._files.get(group.file)
+            if handle is None:
+                handle = self._files[group.file] = pq.ParquetFile(self.source._fs.open_input_file(group.file))
+            table = handle.read_row_group(group.index,
+                                          columns=list(dict.fromkeys(c.column for c in self.source.columns)))
+        except (OSError, pa.ArrowInvalid) as exc:  # a damaged page is either; ArrowMemoryError is not ours
+            self._files.pop(group.file, None)  # reopened if read again: a hiccup may have left it unusable
+            raise ParquetReadError(_unreadable(self.source, group, exc)) from exc
         decoded = {c.name: _to_numpy(table.column(c.column), c, self.source.field) for c in self.source.columns}
         self._cache[index] = decoded
         while len(self._cache) > self.window + 1:
             self._cache.popitem(last=False)
         return decoded
+
+
+def _unreadable(source: ParquetSource, group: RowGroup, exc: BaseException) -> str:
+    scheme = urlparse(source.uri).scheme
+    path = f"{scheme}://{group.file}" if scheme not in ("", "file") and len(scheme) > 1 else group.file
+    # One line (it ends up in a one-line failure record), without the raw bytes thrift may quote.
+    cause = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()).rstrip(".")
+    cause = "".join(c if c.isprintable() else "?" for c in cause)
+    # No final period: the failure record adds where it was raised.
+    return (f"{source.field}.path: row group {group.index} of '{path}' ({group.rows} rows) could not be read "
+            f"({type(exc).__name__}: {cause}). A storage hiccup passes; failing the same way after a restart, the "
+            f"file is damaged or the workers cannot read it. Fix: check it with pyarrow.parquet.ParquetFile("
+            f"'{path}').read_row_group({group.index}) where the workers run, then rewrite the file from its "
+            "source, move it out of the data set, or give the workers read access")
 
 
 def _to_numpy(column: pa.ChunkedArray, spec: Column, field: str) -> np.ndarray:

@@ -25,7 +25,10 @@ def train_worker(config: dict[str, Any]) -> None:
         # The whole traceback goes to this rank's log; the driver gets the classified summary.
         log.error("training failed on rank %d:\n%s", session.rank, "".join(traceback.format_exception(exc)))
         session.abandon()
-        raise WorkerFailure.from_exception(exc, session.rank) from None
+        # The global step it was raised at: the last one completed (or resumed from); None before
+        # the group trained. By it the driver tells an error a restart brought back (faults.py).
+        step = max(session.heartbeat.step, session.last_save_step, 0) if session.heartbeat else None
+        raise WorkerFailure.from_exception(exc, session.rank, step=step) from None
     except BaseException:
         session.abandon()
         raise
