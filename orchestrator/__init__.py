@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 
 def run(spec, **kwargs) -> RunResult:
     """Train a job spec (path, mapping or JobSpec); see orchestrator.launch.run for the options."""
+    from orchestrator.loopback import keep_ray_on_loopback
+
+    keep_ray_on_loopback(kwargs.get("address"))  # before Ray is imported
     from orchestrator.launch import run as _run
 
     return _run(spec, **kwargs)

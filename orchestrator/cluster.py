@@ -15,13 +15,14 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
 from ray.exceptions import AuthenticationError
 
 from orchestrator.errors import UserError
+from orchestrator.loopback import ray_imported_too_early
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ STATE_DIR_ENV_VAR = "ORCHESTRATOR_STATE_DIR"
 DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
 # Seconds to wait for a TCP answer from a Ray address before calling it unreachable.
 ADDRESS_CHECK_TIMEOUT_S = 5.0
+# The node address of an embedded cluster.
+LOOPBACK = "127.0.0.1"
 
 # Set before Ray starts so every Ray process inherits them.
 QUIET_RAY_ENV = {
@@ -51,6 +54,8 @@ class Connection:
     job_env_applied: bool = True
     # Joined the warm local cluster of `orchestrator up` (warm.py).
     warm: bool = False
+    # What the user should hear about how the connection was made (a stale warm record removed).
+    notes: list[str] = field(default_factory=list)
 
 
 def state_dir() -> Path:
@@ -81,24 +86,31 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
         logging_level=logging.WARNING,
     )
-    warm = None
+    warm, notes = None, []
     if not address:
         from orchestrator import warm as warm_cluster
 
-        warm = warm_cluster.current()
+        warm = warm_cluster.current(on_stale=notes.append)
         if warm is not None:
             address = warm.address
             _use_token(warm.token)
     if address:
+        problem = ray_imported_too_early(address)
+        if problem:
+            raise UserError(problem)
         env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
         if env:
             init_kwargs["runtime_env"] = {"env_vars": env}
         _join(address, init_kwargs)
-        return Connection(False, address, _session_dir(), warm=warm is not None)
+        return Connection(False, address, _session_dir(), warm=warm is not None, notes=notes)
     reap_orphans()
     with _environment(job_env or {}):
-        ray.init(include_dashboard=False, **init_kwargs)
-    connection = Connection(True, "embedded", _session_dir())
+        # A cluster of its own: without address="local", ray.init() joins the newest cluster that
+        # `ray start` began on this machine, if it still runs (another user's head, a test's): the
+        # run would then wait for that cluster's CPUs or import modules from its workers' paths.
+        # Loopback only, whatever the order Ray was imported in: nothing on the network reaches it.
+        ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs)
+    connection = Connection(True, "embedded", _session_dir(), notes=notes)
     _record(connection)
     return connection
 

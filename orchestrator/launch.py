@@ -103,6 +103,8 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         result: RunResult | None = None
         error: BaseException | None = None
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
+        for note in connection.notes:
+            say(f"note: {note}")
         if connection.warm:
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")

@@ -3,9 +3,9 @@
 The watcher polls the run monitor once a second and prints one line per progress event, per
 committed checkpoint, per worker-group start, per failure (with its classification) and per hang
 verdict. While no worker group is up it also watches the cluster's capacity: after
-CAPACITY_REPORT_INTERVAL_S it says, and then again every as many seconds, which resources the
-run waits for and what the cluster has free, so a run never sits silently in PENDING; and it
-records how long it waited for capacity (for goodput).
+FIRST_CAPACITY_REPORT_S it says, and then every CAPACITY_REPORT_INTERVAL_S, which resources the
+run waits for and what the cluster has free, so a run never sits silently in PENDING (runs of a
+sweep on one cluster take turns); and it records how long it waited for capacity (for goodput).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ Console = Callable[[str], None]
 
 # Seconds between the driver's polls of the run monitor.
 POLL_INTERVAL_S = 1.0
-# Seconds without a running worker group before the driver says what it waits for, and between
-# such reports.
+# Seconds between the driver's reports of what a run without a worker group waits for.
 CAPACITY_REPORT_INTERVAL_S = 30.0
+# Seconds of waiting before the first such report: soon, so that a run queued behind others says why.
+FIRST_CAPACITY_REPORT_S = 5.0
 # Seconds between looks at the placement of the run's workers while no worker group is up.
 CAPACITY_CHECK_INTERVAL_S = 1.0
 
@@ -141,7 +142,8 @@ class RunWatcher:
         waited = now - self._waits[-1][0]
         # At least once before the run gives up, however short its capacity timeout.
         every = min(CAPACITY_REPORT_INTERVAL_S, self.job.failure.capacity_timeout_s / 2)
-        if waited >= every and now - self._last_report >= every:
+        first = self._last_report < self._waits[-1][0]  # nothing said yet in this wait
+        if (waited >= FIRST_CAPACITY_REPORT_S and first) or (waited >= every and now - self._last_report >= every):
             self.last_shortfall = capacity_shortfall(self.job)
             self._last_report = now
             why = self.last_shortfall or "the cluster has not placed them yet"

@@ -1,13 +1,14 @@
-"""Shared fixtures. Tests that start Ray are marked `slow`; each one cleans up its own processes."""
+"""Shared fixtures. Tests that start Ray are marked `slow`; each one cleans up its own processes.
+
+Nothing here changes how Ray or the orchestrator behave for the whole test process: the tests run
+the product in the environment a user's shell has. Every Ray node a test starts is on loopback
+because the product puts its own clusters there (orchestrator/loopback.py) and the tests' own
+clusters name 127.0.0.1 as their node address.
+"""
 
 from __future__ import annotations
 
 import os
-
-# Every Ray node the tests start binds to loopback only: with this set (before Ray is imported),
-# Ray takes 127.0.0.1 as the node address instead of the machine's network interface.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-
 import socket
 import subprocess
 import sys

@@ -1,20 +1,19 @@
 """Killing a node of a `ray.cluster_utils.Cluster` the way a machine dies, for the node-loss
 tests and the recovery benchmarks: the node's raylet and the training workers it started are
-SIGKILLed, found by their own process ids (never by a broad name). Also the background run the
-node tests train while the main thread kills and adds nodes."""
+SIGKILLed, found by their own process ids (never by a broad name). The runs on such a cluster are
+`orchestrator run --address` processes (tests/cli_runs.py), as a user's shell starts them."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import threading
 from collections.abc import Iterator
 
 from ray.cluster_utils import Cluster
 
-import orchestrator
-
+# Every node of a test cluster listens on loopback only, whatever this machine's interfaces are.
+LOOPBACK = "127.0.0.1"
 # Notice a dead node within a few seconds instead of Ray's default of about a minute.
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_timeout_ms": 1000}
@@ -26,10 +25,11 @@ def loopback_cluster(nodes: int = 3) -> Iterator[Cluster]:
     shut down, with this process's Ray connection, at the end."""
     import ray
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS,
+                                                            "node_ip_address": LOOPBACK})
     try:
         for _ in range(nodes):
-            cluster.add_node(num_cpus=1)
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
         yield cluster
     finally:
@@ -74,29 +74,3 @@ def kill_node(cluster, node) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-class BackgroundRun:
-    """orchestrator.run on the cluster, in a thread: Cluster.remove_node must be called from the
-    main thread, which therefore plays the failing world."""
-
-    def __init__(self, spec: dict, cluster: Cluster, console=None):
-        self._outcome: dict = {}
-        self._thread = threading.Thread(target=self._train, args=(spec, cluster.address, console), daemon=True)
-        self._thread.start()
-
-    def _train(self, spec: dict, address: str, console) -> None:
-        try:
-            self._outcome["result"] = orchestrator.run(spec, address=address, console=console)
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            self._outcome["error"] = exc
-
-    def ended(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self, timeout: float = 400) -> orchestrator.RunResult:
-        self._thread.join(timeout=timeout)
-        assert not self._thread.is_alive(), "the run did not end"
-        if "error" in self._outcome:
-            raise self._outcome["error"]
-        return self._outcome["result"]

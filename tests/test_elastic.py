@@ -15,11 +15,11 @@ import sys
 
 import pytest
 import torch
+from cli_runs import BackgroundRun, run_spec
 from conftest import REPO, wait_for
 from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
-from node_faults import BackgroundRun, kill_node, loopback_cluster, training_worker_pids
+from node_faults import kill_node, loopback_cluster, training_worker_pids
 
-import orchestrator
 from orchestrator.checkpoint import CheckpointStore, loads_state
 
 pytestmark = pytest.mark.slow
@@ -79,8 +79,8 @@ def test_one_global_batch_at_one_and_three_workers_trains_the_same_weights(clust
     for workers in (1, 3):
         records = tmp_path / f"records-{workers}"
         records.mkdir()
-        result = orchestrator.run(torch_job(f"fixed-{workers}", tmp_path, records, workers=workers, epochs=1),
-                                  address=cluster.address, console=None)
+        result = run_spec(torch_job(f"fixed-{workers}", tmp_path, records, workers=workers, epochs=1), str(tmp_path),
+                          address=cluster.address)
         assert result.status == "finished" and result.world_sizes_seen == [workers]
         # The same number of optimizer steps at every size: the LR schedule follows the global step.
         assert result.global_step == STEPS_PER_EPOCH
@@ -148,7 +148,7 @@ def test_a_worker_that_cannot_see_the_drivers_run_directory_fails_the_start_nami
 def test_a_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path, job):
     records = tmp_path / "records"
     records.mkdir()
-    run = BackgroundRun(job(f"elastic-{job.__name__}", tmp_path, records, workers=[1, 3], pace_s=0.4), cluster,
-                        CONSOLE)
+    run = BackgroundRun(job(f"elastic-{job.__name__}", tmp_path, records, workers=[1, 3], pace_s=0.4), str(tmp_path),
+                        address=cluster.address, console=CONSOLE)
     _kill_and_regrow(cluster, run, records)
     _assert_exactly_once(run.result(timeout=400), records)

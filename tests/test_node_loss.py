@@ -11,8 +11,9 @@ import time
 
 import pytest
 import ray
+from cli_runs import BackgroundRun
 from conftest import wait_for
-from node_faults import BackgroundRun, kill_node, loopback_cluster, training_worker_pids
+from node_faults import kill_node, loopback_cluster, training_worker_pids
 from ray.cluster_utils import Cluster
 from specs import torch_spec
 
@@ -33,7 +34,7 @@ def test_a_node_lost_mid_run_is_replaced_and_the_run_ends_with_the_clean_weights
         three_node_cluster, tmp_path, clean_torch):
     cluster = three_node_cluster
     spec = torch_spec("node-loss", tmp_path, loop="faulty:slow_loop", sleep_s=0.1)
-    run = BackgroundRun(spec, cluster)
+    run = BackgroundRun(spec, str(tmp_path), address=cluster.address)
     store = CheckpointStore(storage.resolve(str(tmp_path / "node-loss")))
     wait_for(lambda: store.committed() or run.ended(), timeout=240)
     assert not run.ended(), run.result()
@@ -75,7 +76,7 @@ def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_f
     # taken on the preemption notice, and must be counted as a preemption, not a failure.
     spec["checkpoint"] = {"every_n_steps": None, "at_epoch_end": False}
     spec["failure"] = {"max_failures": 0}
-    run = BackgroundRun(spec, cluster)
+    run = BackgroundRun(spec, str(tmp_path), address=cluster.address)
     wait_for(lambda: marker.exists() or run.ended(), timeout=240)
     assert not run.ended(), run.result()
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import ray
+from cli_runs import run_spec
+from node_faults import LOOPBACK
 from ray.cluster_utils import Cluster
-
-import orchestrator
 
 pytestmark = pytest.mark.slow
 
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def three_node_cluster():
     """A head without CPUs (so it hosts no worker) and two 2-CPU nodes, all on loopback."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK})
+    nodes = [cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK) for _ in range(2)]
     cluster.wait_for_nodes()
     yield cluster, {n.node_id for n in nodes}
     if ray.is_initialized():
@@ -35,7 +35,7 @@ def tiny_spec(name, storage_dir, placement):
 @pytest.mark.parametrize("placement,distinct_nodes", [("spread", 2), ("pack", 1)])
 def test_workers_land_where_the_placement_says(three_node_cluster, tmp_path, placement, distinct_nodes):
     cluster, worker_nodes = three_node_cluster
-    result = orchestrator.run(tiny_spec(placement, tmp_path, placement), address=cluster.address, console=None)
+    result = run_spec(tiny_spec(placement, tmp_path, placement), str(tmp_path), address=cluster.address)
     assert result.status == "finished"
     nodes = [w["node_id"] for w in result.workers]
     assert len(nodes) == 2

@@ -1,48 +1,216 @@
-"""`orchestrator up` / `orchestrator down`: a warm local cluster that `orchestrator run` joins,
-says so, and that leaves nothing behind once it is down."""
+"""Clusters on a real workstation: a host with a routable interface and a default route.
+
+There, `ray.init(address="127.0.0.1:PORT")` knocks at the routable address instead, unless Ray was
+told otherwise before it was imported; the warm cluster (`orchestrator up`) listens on loopback
+only, so every run on it hung for ~13 minutes. These tests start the command line with the
+environment of a user's shell (nothing of the test harness's switches), on this host if it has
+a default route, else inside a network namespace of their own that has one.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import REPO
 
-from orchestrator.cluster import session_pids
+from orchestrator.cluster import end_processes, session_pids
 
 pytestmark = pytest.mark.slow
 
+SHELL = os.path.join(REPO, "tests", "subreaper_shell.py")
 
-@pytest.mark.timeout(400)
-def test_runs_join_the_warm_cluster_and_down_leaves_no_process_or_file_behind(tmp_path):
-    spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "warm", "storage": str(tmp_path / "runs"),
+
+def _has_default_route(prefix: list[str]) -> bool:
+    shown = subprocess.run([*prefix, "ip", "-4", "route", "show", "default"], capture_output=True, text=True)
+    return shown.returncode == 0 and "default" in shown.stdout
+
+
+@pytest.fixture(scope="module")
+def routable_host():
+    """The command prefix that runs a process on a host with a default route: nothing where this
+    host has one; else `ip netns exec` into a namespace with a dummy interface and a default route
+    (TEST-NET-1 addresses, on an interface that reaches nothing)."""
+    if _has_default_route([]):
+        yield []
+        return
+    name = f"orch-routable-{os.getpid()}"
+    setup = [["ip", "netns", "add", name], ["ip", "-n", name, "link", "set", "lo", "up"],
+             ["ip", "-n", name, "link", "add", "d0", "type", "dummy"],
+             ["ip", "-n", name, "addr", "add", "192.0.2.2/24", "dev", "d0"],
+             ["ip", "-n", name, "link", "set", "d0", "up"],
+             ["ip", "-n", name, "route", "add", "default", "via", "192.0.2.1"]]
+    for command in setup:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            pytest.skip(f"this host has no default route and no network namespace can be made ({done.stderr})")
+    yield ["ip", "netns", "exec", name]
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def user_env(tmp_path) -> dict[str, str]:
+    """A user's shell: the test process's environment without anything that changes how Ray picks
+    its addresses, and with tests/ importable (the jobs below live there)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" and k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = REPO
+    return env
+
+
+def tiny_spec(tmp_path, name: str, **fields) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "storage": str(tmp_path / "runs"),
         "torch": {"train_loop": "bench.startup_job:train_loop", "max_steps": 1,
-                  "config": {"first_step_file": str(tmp_path / "first-step")}},
-        "scaling": {"num_workers": 2}}))
-    env = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    record_path = os.path.join(os.environ["ORCHESTRATOR_STATE_DIR"], "warm-cluster.json")
-    started = run_cli("up", env=env, timeout=180)
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        assert "warm local cluster up at 127.0.0.1:" in started.stdout
-        assert oct(os.stat(record_path).st_mode & 0o777) == "0o600"  # it holds the cluster's token
-        record = json.load(open(record_path))
-        assert session_pids(record["session_dir"])
-        assert "already up" in run_cli("up", env=env, timeout=60).stdout
+                  "config": {"first_step_file": str(tmp_path / f"{name}-first-step")}},
+        "scaling": {"num_workers": 2}, **fields}))
+    return str(path)
 
-        for attempt in range(2):  # the cluster outlives a run
-            ran = run_cli("run", str(spec), "--set", f"name=warm-{attempt}", env=env, timeout=240)
-            assert ran.returncode == 0, ran.stdout + ran.stderr
-            assert f"using the warm local cluster at {record['address']}" in ran.stdout
-            assert "finished" in ran.stdout
-            assert session_pids(record["session_dir"])
+
+def cli(prefix: list[str], *args: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([*prefix, sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+
+
+def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def run_together(prefix, specs: list[str], env, timeout: float = 400) -> tuple[list[tuple[int, str]], float]:
+    """Start one `orchestrator run` per spec at once; their exit codes and output, and the wall time."""
+    start = time.monotonic()
+    running = [cli(prefix, "run", spec, env=env) for spec in specs]
+    outcomes = [finish(p, timeout) for p in running]
+    return outcomes, time.monotonic() - start
+
+
+def assert_each_finished_with_its_own_summary(tmp_path, outcomes, names) -> None:
+    for (code, out), name in zip(outcomes, names, strict=True):
+        assert code == 0, out[-3000:]
+        assert f"run '{name}' finished" in out, out[-3000:]
+        summary = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+        assert summary["status"] == "finished" and summary["name"] == name
+
+
+@pytest.mark.timeout(600)
+def test_the_warm_cluster_on_a_routable_host_takes_four_runs_at_once_and_leaves_no_zombie(tmp_path, routable_host):
+    env = {**user_env(tmp_path), "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    shell = subprocess.Popen([*routable_host, sys.executable, SHELL, "--", sys.executable, "-m", "orchestrator", "up"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    record_path = tmp_path / "state" / "warm-cluster.json"
+    record = None
+    try:
+        up = json.loads(shell.stdout.readline())
+        assert up["up"] == 0 and "warm local cluster up at 127.0.0.1:" in up["out"], up["out"]
+        record = json.loads(record_path.read_text())
+
+        names = [f"sweep-{i}" for i in range(4)]
+        specs = [tiny_spec(tmp_path, name, seed=i) for i, name in enumerate(names)]
+        outcomes, wall = run_together(routable_host, specs, env)
+        print(f"four runs at once on the warm cluster: {wall:.1f} s")
+        assert_each_finished_with_its_own_summary(tmp_path, outcomes, names)
+        assert all(f"using the warm local cluster at {record['address']}" in out for _, out in outcomes)
+        # The cluster holds one run's two workers at a time: the others wait their turn, and say so.
+        assert any("waiting for capacity" in out for _, out in outcomes), [o[-600:] for _, o in outcomes]
+
+        code, out = finish(cli(routable_host, "status", "--storage", str(tmp_path / "runs"), env=env), 60)
+        assert code == 0 and all(name in out for name in names), out
+        code, out = finish(cli(routable_host, "doctor", specs[0], env=env), 300)
+        assert code == 0, out[-3000:]
     finally:
-        stopped = run_cli("down", env=env, timeout=120)
-    assert stopped.returncode == 0 and "stopped; its processes and files are gone" in stopped.stdout
+        shell.stdin.write("down\n")
+        shell.stdin.flush()
+        down = json.loads(shell.stdout.readline() or "{}")
+        shell.wait(timeout=60)
+        if record is not None:  # never leave the cluster behind, whatever failed above
+            end_processes(session_pids(record["session_dir"]), grace_s=0)
+    assert down.get("down") == 0 and "stopped; its processes and files are gone" in down["out"], down
+    # What the cluster's processes left in the shell that started it: at most the keeper (which
+    # a shell reaps as its own child); none of Ray's processes.
+    assert [z for z in down["zombies"] if z["pid"] != record["keeper_pid"]] == [], down["zombies"]
     assert not session_pids(record["session_dir"])
-    assert not os.path.exists(record["temp_dir"]) and not os.path.exists(record_path)
-    assert "no warm local cluster is up" in run_cli("down", env=env, timeout=60).stdout
+    assert not os.path.exists(record["temp_dir"]) and not record_path.exists()
+
+
+@contextlib.contextmanager
+def plain_head(prefix, env):
+    """A head started by plain `ray start --head` (Ray's default temp dir, so it is the machine's
+    "newest cluster"), with no CPUs, on loopback: the cluster another user or test may have up."""
+    head_env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's own loopback-only head, as documented
+    port = str(_free_port())
+    done = subprocess.run([*prefix, os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
+                           "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
+                           "--include-dashboard=false", "--disable-usage-stats"],
+                          capture_output=True, text=True, env=head_env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    session = os.path.realpath("/tmp/ray/session_latest")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        end_processes(session_pids(session), grace_s=2)
+        with contextlib.suppress(FileNotFoundError):  # Ray's pointer to the newest cluster, now gone
+            if port in open("/tmp/ray/ray_current_cluster").read():
+                os.unlink("/tmp/ray/ray_current_cluster")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(600)
+def test_four_runs_at_once_on_embedded_clusters_beside_another_cluster_each_use_their_own(tmp_path, routable_host):
+    env = {**user_env(tmp_path), "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    names = [f"lr-{i}" for i in range(4)]
+    # A short capacity wait: a run that joined the other cluster (no CPUs) would fail in 20 s.
+    specs = [tiny_spec(tmp_path, name, failure={"capacity_timeout_s": 20}) for name in names]
+    with plain_head(routable_host, env):
+        outcomes, wall = run_together(routable_host, specs, env)
+    print(f"four runs at once on embedded clusters: {wall:.1f} s")
+    assert_each_finished_with_its_own_summary(tmp_path, outcomes, names)
+    assert not any("warm" in out for _, out in outcomes)
+
+
+@pytest.mark.timeout(300)
+def test_a_stale_warm_record_is_removed_and_said_and_the_run_goes_on_embedded(tmp_path, routable_host):
+    env = {**user_env(tmp_path), "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    (tmp_path / "state").mkdir()
+    dead = {"address": f"127.0.0.1:{_free_port()}", "session_dir": str(tmp_path / "gone"),
+            "temp_dir": str(tmp_path / "gone-temp"), "token": "x" * 64, "started_at": time.time() - 3600,
+            "keeper_pid": 0}
+    (tmp_path / "state" / "warm-cluster.json").write_text(json.dumps(dead))
+    start = time.monotonic()
+    code, out = finish(cli(routable_host, "run", tiny_spec(tmp_path, "after-warm"), env=env), 240)
+
+    assert code == 0, out[-3000:]
+    assert f"the warm local cluster recorded at {dead['address']}" in out and "record was removed" in out
+    assert not (tmp_path / "state" / "warm-cluster.json").exists()
+    assert time.monotonic() - start < 120
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
+def test_a_driver_that_cannot_reach_its_cluster_fails_within_a_minute_in_one_paragraph(tmp_path, routable_host, how):
+    env = user_env(tmp_path)
+    nowhere = f"127.0.0.1:{_free_port()}"
+    args = ["run", tiny_spec(tmp_path, "nowhere")]
+    if how == "--address":
+        args += ["--address", nowhere]
+    else:
+        env["RAY_ADDRESS"] = nowhere
+    start = time.monotonic()
+    code, out = finish(cli(routable_host, *args, env=env), 90)
+
+    assert time.monotonic() - start < 60
+    assert code == 2 and f"no Ray cluster answers at '{nowhere}'" in out and "Fix:" in out, out
+    assert "Traceback" not in out and "Failed to connect to GCS" not in out

@@ -1,0 +1,79 @@
+"""Runs of a spec through the command line, as a user's shell starts them: `orchestrator run
+SPEC.yaml --address ...` in a process of its own, its result read back from summary.json.
+
+A driver in the test process would share that process's Ray, imported once for the whole session:
+whatever one test's import order made of it would hold for the next test's driver. A process of its
+own takes Ray the way `orchestrator run` does for every user.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import yaml
+from conftest import REPO
+
+from orchestrator import storage
+from orchestrator.result import RunResult
+
+
+def _env() -> dict[str, str]:
+    """The test's environment, with tests/ importable: the specs name loops of its modules."""
+    tests = os.path.join(REPO, "tests")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+
+
+def _command(spec: dict[str, Any], address: str | None, spec_dir: str) -> list[str]:
+    path = os.path.join(spec_dir, f"{spec['name']}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(spec, f)
+    return [sys.executable, "-m", "orchestrator", "run", path, *(["--address", address] if address else [])]
+
+
+def _result(spec: dict[str, Any], code: int, output: str) -> RunResult:
+    result = RunResult.load(storage.resolve(str(spec["storage"])).join(spec["name"]))
+    if code != 0 or result is None:
+        raise AssertionError(f"`orchestrator run` exited {code}:\n{output[-4000:]}")
+    return result
+
+
+def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, timeout: float = 400) -> RunResult:
+    """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed)."""
+    done = subprocess.run(_command(spec, address, spec_dir), capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=_env())
+    return _result(spec, done.returncode, done.stdout + done.stderr)
+
+
+class BackgroundRun:
+    """`orchestrator run` of `spec` in the background, while the test plays the failing world."""
+
+    def __init__(self, spec: dict[str, Any], spec_dir: str, *, address: str | None = None, console=None):
+        self.spec = spec
+        self._lines: list[str] = []
+        self._process = subprocess.Popen(_command(spec, address, spec_dir), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, cwd=REPO, env=_env())
+        self._reader = threading.Thread(target=self._read, args=(console,), daemon=True)
+        self._reader.start()
+
+    def _read(self, console) -> None:
+        for line in self._process.stdout:
+            self._lines.append(line)
+            if console is not None:
+                console(line.rstrip("\n"))
+
+    def ended(self) -> bool:
+        return self._process.poll() is not None
+
+    def result(self, timeout: float = 400) -> RunResult:
+        try:
+            code = self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+            raise AssertionError("the run did not end") from None
+        self._reader.join(timeout=10)
+        return _result(self.spec, code, "".join(self._lines))
