@@ -32,8 +32,11 @@ def torch_spec(name: str, storage_dir, **torch_overrides) -> dict:
 def quickstart(tmp_path_factory):
     """One run of the shipped quickstart, shared by the tests that inspect it."""
     runs = tmp_path_factory.mktemp("runs")
-    os.environ.setdefault("ORCHESTRATOR_DATA_DIR", str(tmp_path_factory.mktemp("data")))
-    return orchestrator.run("jobs/quickstart.yaml", storage=str(runs), console=None)
+    # The digits cache of this run only (a module fixture runs outside any test's own setting).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR",
+                                                            str(tmp_path_factory.mktemp("data"))))
+        return orchestrator.run("jobs/quickstart.yaml", storage=str(runs), console=None)
 
 
 @pytest.mark.timeout(300)
