@@ -23,6 +23,7 @@ from ray.exceptions import AuthenticationError
 
 from orchestrator.errors import UserError
 from orchestrator.loopback import ray_imported_too_early
+from orchestrator.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         warm = warm_cluster.current(on_stale=notes.append)
         if warm is not None:
             address = warm.address
-            _use_token(warm.token)
+            enable_token_auth(warm.token)
     if address:
         problem = ray_imported_too_early(address)
         if problem:
@@ -128,20 +129,6 @@ def _environment(env: dict[str, str]):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _use_token(token: str) -> None:
-    """Authenticate to a cluster with `token` from now on (this process and what it starts).
-
-    Ray reads the authentication mode when it is imported and caches the token it finds: both
-    are refreshed here, as Ray itself does when it turns token auth on for a local cluster.
-    """
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-    from ray._private.authentication.authentication_token_setup import _enable_token_auth
-    from ray._raylet import AuthenticationTokenLoader
-
-    _enable_token_auth()
-    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _job_runtime_env_keys() -> set[str]:
@@ -223,9 +210,11 @@ def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
 
 
 def _session_dir() -> str:
+    """This driver's Ray session directory (where every process of the session keeps its files)."""
+    context = ray.get_runtime_context()
     try:
-        return ray._private.worker._global_node.get_session_dir_path()
-    except AttributeError:  # connected as a client, no local node
+        return os.path.join(context.get_temp_dir(), context.get_session_name())
+    except (AttributeError, TypeError):  # connected as a client, no local node
         return ""
 
 
@@ -334,5 +323,5 @@ class _DropMessage(logging.Filter):
 
 def _hide_embedded_auth_notice() -> None:
     """Ray announces token auth on every start; for a private embedded cluster it is noise."""
-    for name in ("ray", "ray._private.authentication.authentication_token_setup"):
+    for name in ("ray", TOKEN_AUTH_LOGGER):
         logging.getLogger(name).addFilter(_DropMessage("Token authentication is enabled"))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from orchestrator.ray_private import preemption_notice
 from orchestrator.runtime.collectives import broadcast_tensor
 from orchestrator.spec import CheckpointSpec
 
@@ -28,21 +29,6 @@ log = logging.getLogger("orchestrator.worker")
 AGREEMENT_INTERVAL_S = 1.0
 # At most this many steps between agreements, however fast the steps are.
 MAX_STEPS_BETWEEN_AGREEMENTS = 100
-
-
-def preemption_notice():
-    """Ray Train's notice that a node of this worker group is about to be preempted, or None.
-
-    Ray's PreemptionWatcher marks every worker when a node is drained for preemption; the public
-    `ray.train.get_preemption_info()` is a barrier through an actor, too slow to call every step,
-    so the worker-local notice is read directly.
-    """
-    try:
-        from ray.train.v2._internal.execution.context import get_train_context
-
-        return get_train_context().preemption_context.preemption_info
-    except (ImportError, AttributeError, RuntimeError):
-        return None
 
 
 class SaveCadence:

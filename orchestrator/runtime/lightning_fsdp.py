@@ -101,7 +101,7 @@ class ShardedLightningStrategy(ModelParallelStrategy):
 
     def optimizer_state(self, optimizer) -> dict[str, Any]:
         if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
+            optimizer = optimizer.optimizer  # the wrapped torch optimizer (public property)
         return local_state(optimizer.state_dict())
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
