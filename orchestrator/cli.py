@@ -1,8 +1,8 @@
 """`orchestrator run SPEC [...]`. Exit codes: 0 success, 1 training failed, 2 user error,
 130 / 143 stopped by SIGINT / SIGTERM (the next run resumes from the newest checkpoint).
 
-`main` is the command line's: after a finished `run` it ends the process itself (os._exit), so
-call `orchestrator.run` from Python instead.
+`main` is the command line's: after a finished or stopped `run` it ends the process itself
+(os._exit), so call `orchestrator.run` from Python instead.
 
 User errors print one paragraph and no traceback; so do training failures (the worker logs
 hold the full traceback).
@@ -11,12 +11,14 @@ hold the full traceback).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
 
 from orchestrator.errors import OrchestratorError, RunStopped, TrainingFailed, UserError
-from orchestrator.signals import EXIT_CODES
+from orchestrator.loopback import keep_ray_on_loopback
+from orchestrator.signals import EXIT_CODES, job_stop_note
 
 EXIT_OK, EXIT_FAILED, EXIT_USER_ERROR = 0, 1, 2
 
@@ -67,12 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--storage", help="storage to check (overrides the spec's storage)")
     doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set scaling.num_workers=8 (repeatable)")
+    doctor.add_argument("--check-gloo", dest="check_gloo", action="store_true",
+                        help="also check that a separate gloo group forms between the nodes, as the orchestrator's "
+                             "coordination does beside NCCL (always checked when the spec uses GPUs)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.command in ("run", "doctor"):  # before anything imports Ray
+            keep_ray_on_loopback(args.address)
         if args.command == "run":
             return _run(args)
         if args.command == "checkpoints":
@@ -117,15 +124,26 @@ def _run(args: argparse.Namespace) -> int:
     if args.lightning_config:
         overrides["lightning.config"] = args.lightning_config
     spec = resolve_spec(_spec_source(args), overrides)  # validate before paying for Ray start-up
+    note = job_stop_note()  # under `ray job submit`: how long `ray job stop` leaves for a last checkpoint
+    if note:
+        print(note, flush=True)
 
     from orchestrator.launch import run
 
-    run(spec, address=args.address, overwrite=args.overwrite, _process_exits=True)
-    # Finished, summary written, lease released, an embedded cluster's processes ended: leave
-    # now, without Ray's exit handlers (they would wait on the cluster just ended).
+    try:
+        run(spec, address=args.address, overwrite=args.overwrite, _process_exits=True)
+    except RunStopped as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        code = EXIT_CODES.get(exc.signal_name, 130)
+    else:
+        code = EXIT_OK
+    # Finished or stopped, summary written, lease released, Ray left (an embedded cluster's
+    # processes ended): leave now. The interpreter's own teardown took 1.6 s after a stop here,
+    # time `ray job stop` may not give, and Ray's exit handlers would wait on the cluster just ended.
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(EXIT_OK)
+    os._exit(code)
 
 
 def _spec_source(args: argparse.Namespace):
@@ -165,7 +183,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from orchestrator.doctor import diagnose
 
     cluster.check_address(args.address)
-    report = diagnose(spec, args.address, storage_uri=args.storage)
+    report = diagnose(spec, args.address, storage_uri=args.storage, check_gloo=args.check_gloo)
     print(report.text())
     return EXIT_OK if report.ok else EXIT_FAILED
 
@@ -184,7 +202,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
     text, infos = show(args.run, storage_uri=args.storage, verify=args.verify)
     print(text)
     # With --verify, a damaged checkpoint is worth a non-zero exit for scripts.
-    return EXIT_FAILED if args.verify and any(i.status != "committed" for i in infos) else EXIT_OK
+    return EXIT_FAILED if args.verify and any(i.status not in ("committed", "superseded") for i in infos) else EXIT_OK
 
 
 if __name__ == "__main__":

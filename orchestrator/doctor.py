@@ -9,7 +9,12 @@ What goes wrong between nodes is found before a run pays for it:
   node (set in the node's environment or in the spec's `env:`);
 - all-reduce: a small all-reduce across the nodes, one worker on each, through Ray Train's own
   worker group and process group (gloo; NCCL across the GPU nodes when the spec uses GPUs),
-  with its latency and bandwidth.
+  with its latency and bandwidth;
+- gloo group (a spec with GPUs, or `--check-gloo`): in the same workers, a separate gloo group
+  forms between the nodes within the spec's failure.hang_timeout_s, as the orchestrator's
+  coordination does beside NCCL (runtime/collectives.py). NCCL finds a routable interface by
+  itself; gloo uses the address the host name resolves to unless GLOO_SOCKET_IFNAME is set, so a
+  GPU cluster can pass the NCCL all-reduce and still fail every run's start here.
 
 Each node is probed by a zero-CPU task pinned to it, so a busy cluster is probed too.
 """
@@ -17,6 +22,7 @@ Each node is probed by a zero-CPU task pinned to it, so a busy cluster is probed
 from __future__ import annotations
 
 import importlib.metadata
+import ipaddress
 import json
 import os
 import platform
@@ -36,7 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator import cluster, storage
 from orchestrator.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.inspect_checkpoints import text_table
-from orchestrator.spec import DEFAULT_STORAGE, JobSpec
+from orchestrator.spec import DEFAULT_STORAGE, FailureSpec, JobSpec
 
 PACKAGES = ("torch", "ray", "lightning")
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -45,6 +51,8 @@ PROBE_TIMEOUT_S = 120.0
 ALLREDUCE_TIMEOUT_S = 300.0
 # The all-reduce's two sizes: latency on a tiny tensor, bandwidth on a larger one.
 LATENCY_BYTES, BANDWIDTH_BYTES = 4, 16 * 2**20
+# The gloo group gets the spec's failure.hang_timeout_s to form (what a run gives it), at most this.
+MAX_GLOO_TIMEOUT_S = 100.0
 
 
 @dataclass
@@ -91,7 +99,7 @@ def _probe(marker_uri: str | None, write: bool, data_uris: tuple[str, ...] = ())
     answer: dict[str, Any] = {"host": socket.gethostname(), "versions": versions(),
                               "interfaces": sorted(name for _, name in socket.if_nameindex()),
                               "env": {k: os.environ.get(k) for k in INTERFACE_VARIABLES}, "storage": None,
-                              "data": {}}
+                              "data": {}, "host_address": _host_address()}
     for uri in data_uris:
         try:
             location = storage.resolve(uri)
@@ -111,6 +119,15 @@ def _probe(marker_uri: str | None, write: bool, data_uris: tuple[str, ...] = ())
         except Exception as exc:  # noqa: BLE001 - any failure to reach the storage is the finding
             answer["storage"] = f"{type(exc).__name__}: {exc}"
     return answer
+
+
+def _host_address() -> str:
+    """What this host's name resolves to (`hostname -i`): the address gloo offers its peers
+    when GLOO_SOCKET_IFNAME is not set."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as exc:
+        return f"unresolved ({exc})"
 
 
 @ray.remote(num_cpus=0)
@@ -135,11 +152,15 @@ def interface_problem(variable: str, value: str | None, interfaces: list[str]) -
     return None if chosen else f"{variable}={value} selects none of its interfaces ({', '.join(interfaces)})"
 
 
-def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: str | None = None) -> Report:
+def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: str | None = None,
+             check_gloo: bool = False) -> Report:
     """Every check on the cluster at `address` (or an embedded one); the storage checked is
-    `storage_uri`, else the spec's, else none."""
+    `storage_uri`, else the spec's, else none. The gloo group is checked when the spec uses GPUs
+    (training over NCCL, coordination over gloo) or when `check_gloo` asks for it."""
     storage_uri = storage_uri or (spec.storage or DEFAULT_STORAGE if spec else None)
-    root = storage.resolve(storage_uri) if storage_uri else None  # a malformed URI fails before Ray starts
+    # A malformed URI fails before Ray starts (and a relative path under `ray job submit`).
+    root = storage.resolve_root(storage_uri) if storage_uri else None
+    check_gloo = check_gloo or bool(spec and spec.scaling.use_gpu)
     env = {**(spec.env if spec else {}), **cluster.QUIET_RAY_ENV}
     connection = cluster.connect(address, job_env=env)
     try:
@@ -156,7 +177,7 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
         if spec is not None:
             checks.append(_capacity_check(spec, nodes))
         checks += _interface_checks(probes)
-        checks.append(_allreduce_check(spec, nodes, probes))
+        checks += _allreduce_checks(spec, nodes, probes, check_gloo)
         return Report(_table(nodes, probes, storage_checked=marker is not None), checks)
     finally:
         cluster.disconnect(connection)
@@ -326,7 +347,8 @@ def _interface_checks(probes: dict[str, dict[str, Any]]) -> list[Check]:
     return checks
 
 
-def _allreduce_check(spec: JobSpec | None, nodes: list[dict[str, Any]], probes: dict[str, dict[str, Any]]) -> Check:
+def _allreduce_checks(spec: JobSpec | None, nodes: list[dict[str, Any]], probes: dict[str, dict[str, Any]],
+                      check_gloo: bool) -> list[Check]:
     reachable = [n for n in nodes if n["NodeID"] in _reachable(probes)]
     use_gpu = bool(spec and spec.scaling.use_gpu)
     if use_gpu:
@@ -334,21 +356,62 @@ def _allreduce_check(spec: JobSpec | None, nodes: list[dict[str, Any]], probes: 
     backend = "nccl" if use_gpu else "gloo"
     name = f"all-reduce ({backend})"
     if use_gpu and not reachable:
-        return Check(name, False, "no node has a GPU to run it on. Fix: see the capacity check.")
+        return [Check(name, False, "no node has a GPU to run it on. Fix: see the capacity check.")]
+    gloo_timeout_s = min((spec.failure if spec else FailureSpec()).hang_timeout_s, MAX_GLOO_TIMEOUT_S)
     try:
-        timings = _allreduce(len(reachable), use_gpu)
+        timings = _allreduce(len(reachable), use_gpu, gloo_timeout_s if check_gloo else None)
     except Exception as exc:  # noqa: BLE001 - the failure is the finding
         text = [line for line in str(exc).strip().splitlines() if line.strip()]
-        return Check(name, False, f"{len(reachable)} worker(s), one per node, failed: {text[-1] if text else exc}. "
-                     "Fix: check that the nodes reach each other on every port (firewalls, security groups), and "
-                     "the interface variables above.")
+        return [Check(name, False, f"{len(reachable)} worker(s), one per node, failed: {text[-1] if text else exc}. "
+                      "Fix: check that the nodes reach each other on every port (firewalls, security groups), and "
+                      "the interface variables above.")]
     workers = len(reachable)
     if workers == 1:
-        return Check(name, True, "1 worker on the only node: its process group starts (no other node to measure "
-                     "against)")
-    bus = 2 * (workers - 1) / workers * BANDWIDTH_BYTES / timings["bandwidth_s"]
-    return Check(name, True, f"{workers} worker(s), one per node: latency {timings['latency_s'] * 1e3:.2f} ms "
-                 f"({LATENCY_BYTES} B), bus bandwidth {bus / 1e6:,.0f} MB/s ({BANDWIDTH_BYTES // 2**20} MiB)")
+        checks = [Check(name, True, "1 worker on the only node: its process group starts (no other node to "
+                        "measure against)")]
+    else:
+        bus = 2 * (workers - 1) / workers * BANDWIDTH_BYTES / timings["bandwidth_s"]
+        checks = [Check(name, True, f"{workers} worker(s), one per node: latency {timings['latency_s'] * 1e3:.2f} ms "
+                        f"({LATENCY_BYTES} B), bus bandwidth {bus / 1e6:,.0f} MB/s ({BANDWIDTH_BYTES // 2**20} MiB)")]
+    if check_gloo:
+        checks.append(gloo_check(timings.get("gloo") or {"error": "rank 0 did not report it"}, backend,
+                                 gloo_timeout_s, [(n, probes[n["NodeID"]]) for n in reachable]))
+    return checks
+
+
+def gloo_check(outcome: dict[str, Any], backend: str, timeout_s: float,
+               nodes: list[tuple[dict[str, Any], dict[str, Any]]]) -> Check:
+    """The verdict on the gloo group the workers tried to form: `outcome` is rank 0's report
+    ({"form_s", "latency_s"} or {"error"}); `nodes` the nodes it ran on, with their probes."""
+    name = "gloo group"
+    workers = len(nodes)
+    beside = "beside the NCCL process group" if backend == "nccl" else "beside the training process group"
+    if "error" not in outcome and workers == 1:
+        return Check(name, True, f"1 worker on the only node: a separate gloo group {beside} forms (no other node "
+                     "to connect to)")
+    if "error" not in outcome:
+        return Check(name, True, f"{workers} worker(s), one per node: a separate gloo group {beside} formed in "
+                     f"{outcome['form_s']:.2f} s; all-reduce latency {outcome['latency_s'] * 1e3:.2f} ms "
+                     f"({LATENCY_BYTES} B)")
+    loopback = [f"node {node['NodeID'][:12]}: host name {probe['host']!r} resolves to {probe['host_address']} "
+                f"(Ray reaches it at {node['NodeManagerAddress']})"
+                for node, probe in nodes if _is_loopback(probe.get("host_address"))
+                and not _is_loopback(node["NodeManagerAddress"]) and not probe["env"].get("GLOO_SOCKET_IFNAME")]
+    found = f" On {'; '.join(loopback)}: gloo offers that loopback address to its peers." if loopback else ""
+    return Check(name, False, f"{workers} worker(s), one per node, could not form a gloo group {beside} within "
+                 f"{timeout_s:g} s (failure.hang_timeout_s): {outcome['error']}. The orchestrator coordinates the "
+                 f"ranks over gloo even when training uses NCCL, so every start of a run would fail this way.{found} "
+                 "Fix: "
+                 "set GLOO_SOCKET_IFNAME (in the spec's env: or every node's environment) to the interface the nodes "
+                 "reach each other through (the one NCCL_SOCKET_IFNAME names, e.g. eth0), and check that "
+                 "`hostname -i` on every node prints its routable address, not 127.0.1.1 (/etc/hosts).")
+
+
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(address or "").is_loopback
+    except ValueError:
+        return False
 
 
 def _allreduce_loop(config: dict[str, Any]) -> None:
@@ -372,8 +435,37 @@ def _allreduce_loop(config: dict[str, Any]) -> None:
 
     latency = timed(torch.ones(config["small"] // 4, device=device), 20)
     bandwidth = timed(torch.ones(config["large"] // 4, device=device), 5)
+    timings: dict[str, Any] = {"latency_s": latency, "bandwidth_s": bandwidth}
+    if config.get("gloo_timeout_s"):
+        timings["gloo"] = _gloo_group_timings(config["gloo_timeout_s"], config["small"])
     if ray.train.get_context().get_world_rank() == 0:
-        ray.get(config["sink"].put.remote({"latency_s": latency, "bandwidth_s": bandwidth}))
+        ray.get(config["sink"].put.remote(timings))
+
+
+def _gloo_group_timings(timeout_s: float, size: int) -> dict[str, Any]:
+    """On every worker: form a gloo group of the world as the orchestrator's coordination does
+    (runtime/collectives.py) and time a small all-reduce on it; or the error, in one line."""
+    import torch
+    import torch.distributed as dist
+
+    from orchestrator.runtime.collectives import new_gloo_group
+
+    try:
+        start = time.perf_counter()
+        group = new_gloo_group(timeout_s, timeout_s)
+        formed = time.perf_counter() - start
+        tensor = torch.ones(size // 4)
+        dist.all_reduce(tensor, group=group)  # warm-up
+        seconds = []
+        for _ in range(20):
+            start = time.perf_counter()
+            dist.all_reduce(tensor, group=group)
+            seconds.append(time.perf_counter() - start)
+        dist.destroy_process_group(group)
+        return {"form_s": formed, "latency_s": statistics.median(seconds)}
+    except Exception as exc:  # noqa: BLE001 - the failure is the finding
+        cause = exc.__cause__ or exc
+        return {"error": f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"}
 
 
 @ray.remote(num_cpus=0)
@@ -381,17 +473,18 @@ class _Sink:
     """Where rank 0 leaves its timings (Ray Train V2 hands back metrics only with a checkpoint)."""
 
     def __init__(self) -> None:
-        self.value: dict[str, float] | None = None
+        self.value: dict[str, Any] | None = None
 
-    def put(self, value: dict[str, float]) -> None:
+    def put(self, value: dict[str, Any]) -> None:
         self.value = value
 
-    def get(self) -> dict[str, float] | None:
+    def get(self) -> dict[str, Any] | None:
         return self.value
 
 
-def _allreduce(workers: int, use_gpu: bool) -> dict[str, float]:
-    """One worker per node through Ray Train (STRICT_SPREAD), timing all-reduces."""
+def _allreduce(workers: int, use_gpu: bool, gloo_timeout_s: float | None = None) -> dict[str, Any]:
+    """One worker per node through Ray Train (STRICT_SPREAD), timing all-reduces; with
+    `gloo_timeout_s`, also a separate gloo group that must form within it."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -400,7 +493,8 @@ def _allreduce(workers: int, use_gpu: bool) -> dict[str, float]:
     # A byte of memory: Ray refuses empty bundles, and the CPUs may all be taken by a run.
     resources = {"GPU": 1.0} if use_gpu else {"memory": 1.0}
     trainer = TorchTrainer(
-        _allreduce_loop, train_loop_config={"small": LATENCY_BYTES, "large": BANDWIDTH_BYTES, "sink": sink},
+        _allreduce_loop, train_loop_config={"small": LATENCY_BYTES, "large": BANDWIDTH_BYTES, "sink": sink,
+                                            "gloo_timeout_s": gloo_timeout_s},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(ALLREDUCE_TIMEOUT_S / 2)),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources,
                                      placement_strategy="STRICT_SPREAD"),

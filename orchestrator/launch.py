@@ -186,7 +186,7 @@ class _Attempt:
         thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
         thread.start()
         aborting_since = None
-        summarized = False
+        summarized = stop_recorded = False
         finished_since = None
         while thread.is_alive():
             thread.join(timeout=0.2)
@@ -204,10 +204,16 @@ class _Attempt:
             if self.signals.received and not summarized and self.run_lease.lost is None:
                 summarized = True
                 self._write_partial_summary()  # the sender may kill this process before the workers are done
+            if summarized and not stop_recorded and self._stop_committed():
+                # Rank 0 committed the stop checkpoint and ended: the summary is final now, before
+                # Ray Train's teardown (~1 s), which `ray job stop`'s SIGKILL may cut short.
+                stop_recorded = True
+                self._write_partial_summary()
             left = self.signals.grace_left()
             if left is not None and left <= 0 and aborting_since is None:
-                self.say("the stop's grace period ran out: ending the workers (the newest committed checkpoint "
-                         "is kept)")
+                if not stop_recorded:  # (else the workers are done: only Ray Train's teardown is left)
+                    self.say("the stop's grace period ran out: ending the workers (the newest committed "
+                             "checkpoint is kept)")
                 self.monitor.abort.remote("the run was stopped and its grace period ran out")
                 aborting_since = time.monotonic()
             if self.signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
@@ -220,9 +226,17 @@ class _Attempt:
         except Exception:  # noqa: BLE001 - then wait for fit() as usual
             return False
 
+    def _stop_committed(self) -> bool:
+        """Whether rank 0 reported the end of a stopped run (its stop checkpoint committed)."""
+        try:
+            events = ray.get(self.monitor.events_since.remote(0), timeout=5)
+        except Exception:  # noqa: BLE001 - then the summary is written when fit() returns
+            return False
+        return any(e["kind"] == "finished" and e.get("stopped") for e in events)
+
     def _request_stop(self, deadline_monotonic: float) -> None:
         grace = max(0.0, deadline_monotonic - time.monotonic())
-        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.0f} s; "
+        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.1f} s; "
                  "signal again to stop at once)")
         self.monitor.request_stop.remote(time.time() + grace)
 

@@ -27,7 +27,8 @@ class RunDir:
 
     @classmethod
     def of(cls, storage_uri: str, name: str) -> RunDir:
-        return cls(storage.resolve(storage_uri).join(name))
+        """The run `name` under the spec's storage (on the driver: see `storage.resolve_root`)."""
+        return cls(storage.resolve_root(storage_uri).join(name))
 
     @classmethod
     def at(cls, run_uri: str) -> RunDir:

@@ -1,7 +1,9 @@
 """Every storage access goes through pyarrow.fs: a local path, a shared mount, s3://, gs://, ...
 
 `resolve(uri)` returns the filesystem and the path inside it. Local paths are expanded (~) and
-made absolute so that every worker on the machine agrees on them.
+made absolute so that every worker on the machine agrees on them. `resolve_root(uri)` is the
+driver's for the spec's `storage:`, which must name the same place on every submission: under
+`ray job submit` a relative path is refused (it would land in the job's unpacked working_dir).
 """
 
 from __future__ import annotations
@@ -41,21 +43,61 @@ def _join_uri(uri: str, *parts: str) -> str:
     return joined + (sep + query if sep else "")
 
 
+# Set by Ray's job supervisor, and only for the driver of a `ray job submit` job: the job's config.
+RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def in_ray_job() -> bool:
+    """Whether this process is the driver of a job submitted with `ray job submit` (or the Jobs SDK)."""
+    return RAY_JOB_CONFIG_ENV_VAR in os.environ
+
+
+def _local_path(uri: str) -> str | None:
+    """The path of a local storage string (a path, ~/..., file:...), None for another scheme."""
+    parsed = urlparse(uri)
+    if not parsed.scheme or len(parsed.scheme) == 1:  # a path (or C:\ on Windows)
+        return uri
+    return parsed.path if parsed.scheme == "file" else None
+
+
+def resolve_root(uri: str) -> Location:
+    """`resolve` for the place a run's directories live (the spec's `storage:`), on the driver.
+
+    A run is found again by this path: a re-submission resumes only if it resolves the same.
+    Under `ray job submit` the driver's working directory is a copy of the job's working_dir
+    that Ray unpacks under a name derived from its contents, so a relative path would name a new
+    place after every edit, and the run would silently start fresh: refused, naming the fix.
+    """
+    path = _local_path(uri)
+    if path is not None and in_ray_job() and not os.path.isabs(os.path.expanduser(path)):
+        here = os.getcwd()
+        raise UserError(
+            f"storage '{uri}' is a relative path, and this driver runs as a Ray job (`ray job submit`): it would "
+            f"resolve to {os.path.abspath(path)}, inside the driver's working directory {here}, which Ray "
+            "picks for each submission (with --working-dir, a copy of your files unpacked under a name that "
+            "changes with every edit), so a submission after an edit would not find this run's checkpoints and "
+            "would silently start fresh. Fix: set storage (the spec's `storage:` or --storage) to an absolute "
+            "path (/mnt/shared/runs), a path under your home (~/orchestrator-runs), or a URI "
+            "(s3://bucket/prefix); on several nodes it must be shared storage."
+        )
+    return resolve(uri)
+
+
 def resolve(uri: str) -> Location:
     """Turn a storage string from the spec into a Location, with a clear error if it cannot be opened."""
-    parsed = urlparse(uri)
-    if not parsed.scheme or len(parsed.scheme) == 1 or parsed.scheme == "file":  # a path (or C:\ on Windows)
-        local = os.path.abspath(os.path.expanduser(parsed.path if parsed.scheme == "file" else uri))
+    path = _local_path(uri)
+    if path is not None:
+        local = os.path.abspath(os.path.expanduser(path))
         return Location(pafs.LocalFileSystem(), local, local)
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
+        fs, inner = pafs.FileSystem.from_uri(uri)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError with its own text
         raise UserError(
             f"storage '{uri}' could not be opened: {exc}. Fix: use a local directory or a URI pyarrow.fs "
             "understands (s3://bucket/prefix, gs://bucket/prefix, hdfs://host/path); for S3 set "
             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and, for a non-AWS server, ?endpoint_override=HOST:PORT."
         ) from None
-    return Location(fs, path.rstrip("/"), uri)
+    return Location(fs, inner.rstrip("/"), uri)
 
 
 def read_bytes(loc: Location) -> bytes:

@@ -1,9 +1,10 @@
 """`ray job submit` / `ray job stop` against a real head node with token authentication.
 
 The head is started with `ray start --head` on loopback, its own temp directory and a token, as
-users run it (README, "On a cluster"); the client side uses RAY_AUTH_MODE=token and
-RAY_AUTH_TOKEN. A job stopped with `ray job stop` reports itself stopped, and the same job
-submitted again resumes from the newest committed checkpoint and ends with the clean run's weights.
+users run it (README, "On a cluster"), with Ray's default `ray job stop` wait; the client side
+uses RAY_AUTH_MODE=token and RAY_AUTH_TOKEN. A job stopped with `ray job stop` reports itself
+stopped, and the same job submitted again resumes from the newest committed checkpoint and ends
+with the clean run's weights. A job whose storage is a relative path is refused before it trains.
 The head's processes are ended by their own process ids at the end.
 """
 
@@ -45,20 +46,23 @@ def head_node():
         "PATH": BIN + os.pathsep + os.environ.get("PATH", ""),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
-        # Time the stopped driver gets between SIGTERM and SIGKILL (Ray's default: 3 s).
-        "RAY_JOB_STOP_WAIT_TIME_S": "30",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    subprocess.run(
-        [os.path.join(BIN, "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--num-cpus=2",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        env=env, check=True, capture_output=True, timeout=180,
-    )
-    session_dir = os.path.realpath(os.path.join(temp_dir, "session_latest"))
+    # As users start a head: Ray's own `ray job stop` wait (3 s); a job sets its own below.
+    env.pop("RAY_JOB_STOP_WAIT_TIME_S", None)
+    session_dir = os.path.join(temp_dir, "session_latest")
     try:
+        started = subprocess.run(
+            [os.path.join(BIN, "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--num-cpus=2",
+             f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+            env=env, capture_output=True, text=True, timeout=180,
+        )
+        session_dir = os.path.realpath(session_dir)
+        assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
         yield f"http://127.0.0.1:{dashboard_port}", env
     finally:
+        # Also after a failed start: the processes it did start are ended, by their own ids.
         _end_processes(session_pids(session_dir))
         wait_for(lambda: not session_pids(session_dir), timeout=30)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -85,12 +89,18 @@ def _ray_job(env, address, command, *args, timeout=120) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def _submit(env, address, spec_path) -> str:
+def _submit(env, address, spec_path, **env_vars: str) -> str:
     job_id = f"orchestrator-{secrets.token_hex(4)}"
     # The working directory travels with the job; tests/ holds the slowed-down loop.
-    runtime_env = json.dumps({"env_vars": {"PYTHONPATH": os.path.join(REPO, "tests")}})
-    submitted = _ray_job(env, address, "submit", "--no-wait", "--submission-id", job_id, "--working-dir", REPO,
-                         "--runtime-env-json", runtime_env, "--", "orchestrator", "run", str(spec_path))
+    runtime_env = json.dumps({"env_vars": {"PYTHONPATH": os.path.join(REPO, "tests"), **env_vars}})
+    args = ("submit", "--no-wait", "--submission-id", job_id, "--working-dir", REPO, "--runtime-env-json",
+            runtime_env, "--", "orchestrator", "run", str(spec_path))
+    submitted = _ray_job(env, address, *args)
+    # Right after `ray start` the head's job agent may not be up yet; Ray says to try again.
+    deadline = time.monotonic() + 180
+    while "No available agent to submit job" in submitted.stderr and time.monotonic() < deadline:
+        time.sleep(2)
+        submitted = _ray_job(env, address, *args)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     return job_id
 
@@ -114,7 +124,9 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     spec_path.write_text(yaml.safe_dump(spec))
     store = CheckpointStore(storage.resolve(str(tmp_path / "ray-job")))
 
-    first = _submit(env, address, spec_path)
+    # The job gives its driver 20 s between SIGTERM and SIGKILL, as the driver's note at start
+    # tells users to: Ray's job supervisor and the driver both take it from the job's runtime_env.
+    first = _submit(env, address, spec_path, RAY_JOB_STOP_WAIT_TIME_S="20")
     try:
         wait_for(lambda: len(store.committed()) >= 2 or _status(env, address, first) in ("FAILED", "SUCCEEDED"),
                  timeout=240, interval=1)
@@ -126,6 +138,11 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     wait_for(lambda: _status(env, address, first) == "STOPPED", timeout=60, interval=1)
     logs = _ray_job(env, address, "logs", first).stdout
     assert "stopped by SIGTERM" in logs, logs[-3000:]
+    # All of the job's 20 s but the driver's measured need (signals.JOB_STOP_MARGIN_S) go to the
+    # workers' last checkpoint, and a wait that long needs no note at start.
+    grace = re.search(r"stop requested: .*\(grace ([\d.]+) s", logs)
+    assert grace and float(grace.group(1)) >= 19, logs[-3000:]
+    assert "RAY_JOB_STOP_WAIT_TIME_S" not in logs, logs[-3000:]
     summary = json.loads((tmp_path / "ray-job" / "summary.json").read_text())
     assert summary["status"] == "stopped"
     # The workers took a last checkpoint after the stop request, and it is the newest committed one.
@@ -140,8 +157,40 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     logs = _ray_job(env, address, "logs", second).stdout
     assert _status(env, address, second) == "SUCCEEDED", logs[-3000:]
     assert "resuming from step" in logs
+    # Submitted with Ray's default wait: the driver says once what that leaves and how to give more.
+    notes = [line for line in logs.splitlines() if line.startswith("note: `ray job stop`")]
+    assert len(notes) == 1, logs[-3000:]
+    assert "kills this driver 3 s after its SIGTERM" in notes[0] and "the workers get 2.5 s" in notes[0]
+    assert '"RAY_JOB_STOP_WAIT_TIME_S": "60"' in notes[0]
     summary = json.loads((tmp_path / "ray-job" / "summary.json").read_text())
     assert summary["status"] == "finished"
     assert summary["resumed_from"]["step"] == stop_checkpoints[0].step
     assert summary["weights_sha256"] == clean_torch.weights_sha256
 
+
+
+@pytest.mark.timeout(300)
+def test_a_relative_storage_is_refused_under_ray_job_submit(head_node, tmp_path):
+    """The driver of a Ray job runs in a copy of its working_dir that Ray unpacks under a name
+    derived from the files: a relative storage path there would start the run afresh after
+    every edit. The job fails at once (exit 2) with one paragraph naming the value, where it
+    would have landed and the fix."""
+    address, env = head_node
+    spec_path = tmp_path / "job.yaml"
+    spec = torch_spec("relative", "runs/here")
+    spec_path.write_text(yaml.safe_dump(spec))
+    job = _submit(env, address, spec_path)
+    wait_for(lambda: _status(env, address, job) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout=240, interval=1)
+    status = _ray_job(env, address, "status", job)
+    logs = _ray_job(env, address, "logs", job).stdout
+    assert _status(env, address, job) == "FAILED", logs[-3000:]
+    assert "exit code 2" in status.stdout + status.stderr, status.stdout + status.stderr
+    errors = [line for line in logs.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, logs[-3000:]
+    error = errors[0]
+    assert "storage 'runs/here' is a relative path, and this driver runs as a Ray job" in error, error
+    # Where it would have gone: inside the job's unpacked working_dir (Ray names it _ray_pkg_<hash>).
+    landed = re.search(r"it would resolve to (\S+),", error)
+    assert landed and "/_ray_pkg_" in landed.group(1) and landed.group(1).endswith("/runs/here"), error
+    assert "silently start fresh" in error and "Fix:" in error and "~/" in error and "s3://" in error
+    assert "Traceback" not in logs

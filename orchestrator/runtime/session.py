@@ -30,6 +30,7 @@ from orchestrator.metrics import WorkerMetrics
 from orchestrator.run_dir import RunDir, storage_marker_problem
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
+from orchestrator.runtime.collectives import configure as configure_collectives
 from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.runtime.rng import capture_rng
@@ -69,6 +70,8 @@ class WorkerSession:
     def __init__(self, config: WorkerConfig):
         self.config = config
         self.spec: JobSpec = config.spec
+        # The gloo side group beside NCCL must form within failure.hang_timeout_s (collectives.py).
+        configure_collectives(self.spec.failure)
         self.run_uri: str = config.run_uri
         self.resume_uri: str | None = config.resume_uri
         self.monitor = config.monitor
