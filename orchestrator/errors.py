@@ -7,6 +7,8 @@ wrong flag): the CLI prints its message alone and exits 2. Anything else that st
 
 from __future__ import annotations
 
+import difflib
+
 
 class OrchestratorError(Exception):
     """Root of all orchestrator errors; survives pickling across Ray actors."""
@@ -50,3 +52,12 @@ class RunStopped(OrchestratorError):
 
     def __reduce__(self):
         return (self.__class__, (self.message, self.signal_name))
+
+
+
+class LeaseLost(OrchestratorError):
+    """A newer driver took the run over (checkpoint/lease.py); the writer that gets this must stop writing."""
+
+def nearest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""

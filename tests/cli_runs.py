@@ -18,7 +18,7 @@ import yaml
 from conftest import REPO
 
 from orchestrator import storage
-from orchestrator.result import RunResult
+from orchestrator.observe.result import RunResult
 
 
 def _env() -> dict[str, str]:

@@ -21,7 +21,7 @@ import time
 
 import torch.distributed as dist
 
-from orchestrator.faults import classify
+from orchestrator.failures import classify
 from orchestrator.runtime import collectives
 from orchestrator.spec import FailureSpec
 

@@ -16,11 +16,14 @@ import ray.train
 import torch
 from classify_jobs import damage_row_group, write_rows
 
-from orchestrator import faults, storage
+from orchestrator import failures as faults
+from orchestrator import storage
 from orchestrator.checkpoint.lease import RunLease
 from orchestrator.data import parquet
 from orchestrator.data.parquet import Column, ParquetDataset, ParquetSource
-from orchestrator.faults import (
+from orchestrator.driver.console import RunWatcher, describe_failure
+from orchestrator.driver.resume import ResumeChoice
+from orchestrator.failures import (
     INFRASTRUCTURE,
     USER,
     FailureRecord,
@@ -29,10 +32,8 @@ from orchestrator.faults import (
     classify,
     describe_ray_error,
 )
-from orchestrator.result import RunResult, write_summary
-from orchestrator.resume import ResumeChoice
+from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.run_dir import RunDir
-from orchestrator.run_watcher import RunWatcher, describe_failure
 from orchestrator.spec import validate
 
 # What torch appends to every CUDA error's first line (c10/cuda/CUDAException.cpp).

@@ -14,7 +14,7 @@ from conftest import REPO, run_cli, wait_for
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.cluster import session_pids
+from orchestrator.cluster.processes import session_pids
 
 
 def _assert_user_error(result, *fragments):

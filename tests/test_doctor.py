@@ -12,7 +12,7 @@ from conftest import run_cli
 from node_faults import loopback_cluster
 from specs import torch_spec
 
-from orchestrator.doctor import gloo_check, interface_problem
+from orchestrator.driver.doctor import gloo_check, interface_problem
 
 LOOPBACK_ONLY = ["lo"]
 TWO = ["eth0", "ib0", "lo"]

@@ -8,8 +8,9 @@ import pickle
 import pytest
 import torch.distributed as dist
 
-from orchestrator import goodput
-from orchestrator.faults import (
+from orchestrator.driver.signals import JOB_STOP_MARGIN_S, grace_seconds
+from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.failures import (
     HANG,
     INFRASTRUCTURE,
     USER,
@@ -19,8 +20,7 @@ from orchestrator.faults import (
     describe_ray_error,
     raised_at,
 )
-from orchestrator.signals import JOB_STOP_MARGIN_S, grace_seconds
-from orchestrator.watchdog import Beat, HangWatchdog
+from orchestrator.observe import goodput
 
 
 def _raised(exc: BaseException) -> BaseException:

@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import REPO, free_port
 
-from orchestrator.faults import INFRASTRUCTURE
+from orchestrator.failures import INFRASTRUCTURE
 
 HELPER = os.path.join(REPO, "tests", "jobdriver_gloo_rank.py")
 HANG_TIMEOUT_S = 3.0

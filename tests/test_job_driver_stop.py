@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.signals import grace_seconds, job_stop_note
+from orchestrator.driver.signals import grace_seconds, job_stop_note
 
 
 @pytest.fixture

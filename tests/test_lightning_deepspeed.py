@@ -23,8 +23,8 @@ import orchestrator
 from orchestrator.checkpoint import CheckpointStore, Manifest
 from orchestrator.checkpoint.manifest import FileEntry
 from orchestrator.checkpoint.serialization import dumps_state, loads_state, plain_state
+from orchestrator.driver.resume import ResumeChoice, check_compatible
 from orchestrator.errors import CheckpointError, SpecError
-from orchestrator.resume import ResumeChoice, check_compatible
 from orchestrator.spec import JobSpec, resolve_spec, validate
 
 pytest.importorskip("deepspeed")
@@ -215,7 +215,7 @@ def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    from orchestrator.runtime.lightning_deepspeed import plain_deepspeed_objects, with_deepspeed_objects
+    from orchestrator.runtime.lightning.deepspeed import plain_deepspeed_objects, with_deepspeed_objects
 
     # As DeepSpeed's ZeRO optimizer state_dict() holds them (measured for stages 1-3, fp32 and bf16).
     scaler = DynamicLossScaler(init_scale=2 ** 16, scale_window=1000, min_scale=1, delayed_shift=2,
@@ -232,7 +232,7 @@ def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
 
 
 def test_deepspeed_reads_the_resumed_files_from_memory_as_often_as_it_asks_and_the_rest_from_the_store():
-    from orchestrator.runtime.lightning_deepspeed import StoreFiles
+    from orchestrator.runtime.lightning.deepspeed import StoreFiles
 
     reads = []
     files = StoreFiles(read=lambda name: reads.append(name) or {"from": "store", "name": name})

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 
-from orchestrator.runtime.lightning_fit import SCRATCH_PREFIX, _remove_scratch_of_dead_workers
+from orchestrator.runtime.lightning.fit import SCRATCH_PREFIX, _remove_scratch_of_dead_workers
 
 
 def test_scratch_folders_of_dead_workers_are_removed_and_live_ones_kept(tmp_path, monkeypatch):

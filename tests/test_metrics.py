@@ -16,8 +16,8 @@ import yaml
 from conftest import REPO
 from specs import STEPS_PER_EPOCH, torch_spec
 
-from orchestrator import metrics as run_metrics
-from orchestrator.metrics import RunMetrics
+from orchestrator.observe import metrics as run_metrics
+from orchestrator.observe.metrics import RunMetrics
 
 
 def _started(group, size, at):

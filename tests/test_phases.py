@@ -8,9 +8,9 @@ import pytest
 from specs import lightning_spec, torch_spec
 
 import orchestrator
+from orchestrator.driver.watchdog import Beat, HangWatchdog
 from orchestrator.runtime.heartbeat import STARTING, TRAINING, VALIDATION, Heartbeat
 from orchestrator.spec import SpecError, validate
-from orchestrator.watchdog import Beat, HangWatchdog
 
 LIMITS = {"starting": 100.0, "checkpoint": 20.0, "finishing": 30.0}
 

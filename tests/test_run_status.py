@@ -13,9 +13,9 @@ from conftest import run_cli
 
 from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state
 from orchestrator.checkpoint.lease import RunLease
-from orchestrator.result import RunResult, write_summary
+from orchestrator.observe.result import RunResult, write_summary
+from orchestrator.observe.status import run_states
 from orchestrator.run_dir import RunDir
-from orchestrator.run_status import run_states
 
 
 def checkpoint(layout: RunDir, step: int, world_size: int = 2) -> None:

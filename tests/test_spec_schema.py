@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
-from orchestrator.spec_schema import job_spec_schema, schema_text
+from orchestrator.spec.schema import job_spec_schema, schema_text
 
 
 def shipped() -> dict:

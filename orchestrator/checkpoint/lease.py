@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 
 from orchestrator import storage
-from orchestrator.cluster import is_alive
-from orchestrator.errors import OrchestratorError, UserError
+from orchestrator.cluster.processes import is_alive
+from orchestrator.errors import LeaseLost, UserError
 from orchestrator.run_dir import RunDir
 from orchestrator.storage import Location
 
@@ -66,10 +66,6 @@ _RELEASE_WAIT_S = 30.0
 
 class RunBusy(UserError):
     """A live driver holds the run directory; the message names it and how to proceed."""
-
-
-class LeaseLost(OrchestratorError):
-    """A newer driver took the run over; the writer that gets this must stop writing."""
 
 
 @dataclass

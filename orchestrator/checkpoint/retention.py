@@ -9,10 +9,7 @@ redundant. The newest verified checkpoint is the anchor: nothing newer than it i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchestrator.checkpoint.store import CheckpointInfo
+from orchestrator.checkpoint.info import CheckpointInfo
 
 DELETING_PREFIX = ".tmp-deleting-"
 

@@ -50,6 +50,7 @@ from orchestrator.checkpoint.files import (
     storage_full_error,
     write_file,
 )
+from orchestrator.checkpoint.info import CheckpointInfo
 from orchestrator.checkpoint.manifest import (
     MANIFEST_NAME,
     SUPERSEDED_NAME,
@@ -79,26 +80,6 @@ class CorruptCheckpoint(Exception):
         super().__init__(f"{name}: {reason}")
         self.name = name
         self.reason = reason
-
-
-@dataclass
-class CheckpointInfo:
-    name: str
-    location: Location
-    step: int
-    # committed | partial (no manifest: an interrupted write) | corrupt (manifest or files wrong)
-    # | superseded (a later branch of the run set it aside: files kept, never resumed from)
-    status: str
-    manifest: Manifest | None = None
-    problem: str = ""
-
-    @property
-    def uri(self) -> str:
-        return self.location.uri
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(e.size for e in self.manifest.files.values()) if self.manifest else 0
 
 
 @dataclass

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import torch
 
 from orchestrator import storage
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, nearest
 
 # torch dtypes a column may become, by the name the spec uses.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -148,10 +148,9 @@ class ParquetSource:
         names = self.schema.names
         for column in self.columns:
             if column.column not in names:
-                from orchestrator.spec import _nearest
 
                 raise DataError(f"{self.field}.columns.{column.name}: column '{column.column}' is not in "
-                                f"'{self.uri}'{_nearest(column.column, names)}; its columns are {', '.join(names)}. "
+                                f"'{self.uri}'{nearest(column.column, names)}; its columns are {', '.join(names)}. "
                                 "Fix: name one of them.")
             kind = self.schema.field(column.column).type
             element, width = _tensor_type(self.schema.field(column.column))

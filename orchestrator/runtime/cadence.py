@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from orchestrator.ray_private import preemption_notice
+from orchestrator.cluster.ray_private import preemption_notice
 from orchestrator.runtime.collectives import broadcast_tensor
 from orchestrator.spec import CheckpointSpec
 

@@ -10,7 +10,7 @@ The side group beside NCCL is formed with two timeouts (`configure`, from the sp
   is a host whose hostname resolves to a loopback address (127.0.1.1 in stock Ubuntu's
   /etc/hosts): NCCL finds a routable interface by itself, gloo offers its peers that address.
 - once formed, each collective may wait as long as the training process group does
-  (`recovery.collective_timeout_s`): a rank waiting here for rank 0's long solo work (a
+  (`FailureSpec.collective_timeout_s`): a rank waiting here for rank 0's long solo work (a
   checkpoint, an evaluation) is not a hang, and the hang watchdog judges the rest.
 torch sets both with one `timeout`, so the group is first formed with the short one (which
 proves every pair of ranks connects), then released and formed again with the long one.
@@ -39,9 +39,8 @@ def configure(failure) -> None:
     """Take the side group's timeouts from the spec's `failure:` section (a `FailureSpec`).
 
     Call before the first collective, in every worker (the worker session does)."""
-    from orchestrator.recovery import collective_timeout_s
 
-    set_timeouts(failure.hang_timeout_s, collective_timeout_s(failure))
+    set_timeouts(failure.hang_timeout_s, failure.collective_timeout_s)
 
 
 def set_timeouts(connect_timeout_s: float | None, timeout_s: float | None) -> None:

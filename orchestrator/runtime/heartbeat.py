@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import ray
 
-from orchestrator.faults import is_user_file
+from orchestrator.failures import is_user_file
 
 log = logging.getLogger("orchestrator.worker")
 

@@ -25,8 +25,8 @@ import torch
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease
 from orchestrator.checkpoint.files import Payload
 from orchestrator.errors import UserError
-from orchestrator.faults import TransientStartError
-from orchestrator.metrics import WorkerMetrics
+from orchestrator.failures import TransientStartError
+from orchestrator.observe.metrics import WorkerMetrics
 from orchestrator.run_dir import RunDir, storage_marker_problem
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object

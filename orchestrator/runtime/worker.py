@@ -6,7 +6,7 @@ import logging
 import traceback
 from typing import Any
 
-from orchestrator.faults import WorkerFailure
+from orchestrator.failures import WorkerFailure
 from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.session import WorkerSession
 
@@ -16,9 +16,9 @@ log = logging.getLogger("orchestrator.worker")
 def train_worker(config: dict[str, Any]) -> None:
     session = WorkerSession(WorkerConfig.from_config(config))
     if session.spec.kind == "lightning":
-        from orchestrator.runtime.lightning_fit import train_lightning as harness
+        from orchestrator.runtime.lightning.fit import train_lightning as harness
     else:
-        from orchestrator.runtime.torch_loop import train_torch as harness
+        from orchestrator.runtime.torch.loop import train_torch as harness
     try:
         harness(session)
     except Exception as exc:  # noqa: BLE001 - every error is classified and raised again

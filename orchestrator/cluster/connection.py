@@ -1,0 +1,247 @@
+"""Connecting the driver to Ray: an existing cluster, or an embedded one that cleans up after itself.
+
+Embedded clusters are recorded in a small state file per driver. A driver killed with SIGKILL
+cannot shut Ray down, and Ray's dashboard and runtime-env agents then outlive it; the next
+embedded start finds records whose driver is gone and ends the processes of that session, found
+by their own process ids (their command line names the dead session's directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.exceptions import AuthenticationError
+
+from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
+from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
+from orchestrator.cluster.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth
+from orchestrator.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Seconds to wait for a TCP answer from a Ray address before calling it unreachable.
+ADDRESS_CHECK_TIMEOUT_S = 5.0
+# The node address of an embedded cluster.
+LOOPBACK = "127.0.0.1"
+
+@dataclass
+class Connection:
+    embedded: bool
+    address: str
+    session_dir: str
+    # Whether every process of this driver's job (the training workers included) has `job_env`:
+    # false on a connection the caller made before, which cannot be given an environment.
+    job_env_applied: bool = True
+    # Joined the warm local cluster of `orchestrator up` (warm.py).
+    warm: bool = False
+    # What the user should hear about how the connection was made (a stale warm record removed).
+    notes: list[str] = field(default_factory=list)
+
+
+def connect(address: str | None, job_env: dict[str, str] | None = None) -> Connection:
+    """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`.
+
+    `job_env` goes to every process of the job: the training workers, and Ray Train's controller
+    (which reads some settings from its own environment). Giving it to the job rather than to
+    the workers alone (RunConfig's worker_runtime_env) lets Ray start the workers from its pool
+    of idle processes: a worker-level runtime environment makes every (re)start spawn fresh
+    processes, seconds slower. An embedded cluster's processes inherit this process's
+    environment as Ray starts them; joining a cluster, `job_env` becomes the job's runtime
+    environment, less the keys of the `ray job submit` job this driver runs in (Ray refuses a
+    runtime_env that shares a key with the job's own).
+    """
+    for key, value in QUIET_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if ray.is_initialized():
+        return Connection(False, "existing", _session_dir(), job_env_applied=False)
+    _hide_embedded_auth_notice()
+    init_kwargs = dict(
+        log_to_driver=False,  # worker output stays in Ray's log files and <run_dir>/logs
+        logging_level=logging.WARNING,
+    )
+    warm, notes = None, []
+    if not address:
+        from orchestrator.cluster import warm as warm_cluster
+
+        warm = warm_cluster.current(on_stale=notes.append)
+        if warm is not None:
+            address = warm.address
+            enable_token_auth(warm.token)
+    if address:
+        problem = ray_imported_too_early(address)
+        if problem:
+            raise UserError(problem)
+        env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
+        if env:
+            init_kwargs["runtime_env"] = {"env_vars": env}
+        _join(address, init_kwargs)
+        return Connection(False, address, _session_dir(), warm=warm is not None, notes=notes)
+    reap_orphans()
+    with _environment(job_env or {}):
+        # A cluster of its own: without address="local", ray.init() joins the newest cluster that
+        # `ray start` began on this machine, if it still runs (another user's head, a test's): the
+        # run would then wait for that cluster's CPUs or import modules from its workers' paths.
+        # Loopback only, whatever the order Ray was imported in: nothing on the network reaches it.
+        ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs)
+    connection = Connection(True, "embedded", _session_dir(), notes=notes)
+    _record(connection)
+    return connection
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """`env` in this process's environment for the block (for the processes it starts)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _job_runtime_env_keys() -> set[str]:
+    """The env_vars keys of the `ray job submit` job this driver runs in (none outside a job)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
+        return set((config.get("runtime_env") or {}).get("env_vars") or {})
+    except (ValueError, AttributeError):
+        return set()
+
+
+def check_address(address: str | None) -> None:
+    """Fail fast, before any work, on an address no Ray cluster answers at.
+
+    ray.init itself retries an unreachable GCS for minutes, printing C++ warnings meanwhile.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address or address in ("auto", "local") or address.startswith("ray://"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise UserError(
+            f"Ray address '{address}' is an HTTP address (Ray's dashboard / Jobs API), but the driver "
+            "joins a cluster by its GCS address. Fix: pass HEAD_IP:6379 (or 'auto' on a cluster node); "
+            f"to submit from outside the cluster use `ray job submit --address {address} -- "
+            "orchestrator run SPEC` instead."
+        )
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UserError(f"Ray address '{address}' is not of the form HOST:PORT. Fix: pass the head node's "
+                        "GCS address, e.g. 10.0.0.1:6379, or 'auto' on a cluster node.")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_CHECK_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UserError(
+            f"no Ray cluster answers at '{address}' ({exc.strerror or exc}). Fix: start one there "
+            "(`ray start --head --port=6379`, or `ray up cluster.yaml`), correct the address, or leave "
+            "out --address and RAY_ADDRESS to start an embedded local cluster."
+        ) from None
+
+
+def _join(address: str, init_kwargs: dict) -> None:
+    """ray.init(address=...), with the usual ways it goes wrong turned into one-paragraph errors."""
+    try:
+        ray.init(address=address, **init_kwargs)
+    except AuthenticationError as exc:
+        raise UserError(
+            f"the Ray cluster at '{address}' refused this client's authentication token ({_first_line(exc)}). "
+            "Fix: export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the contents of ~/.ray/auth_token on "
+            "the head node> (or RAY_AUTH_TOKEN_PATH=<a file holding it>)."
+        ) from None
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise UserError(
+            f"could not connect to a Ray cluster at '{address}': {_first_line(exc)}. Fix: check that the "
+            "cluster is up (`ray status --address ADDRESS`) and that ADDRESS is its GCS address "
+            "(HEAD_IP:6379), or leave out --address and RAY_ADDRESS to start an embedded local cluster."
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
+    """Shut Ray down if this driver started or joined it; leave a caller's own connection alone.
+
+    `process_exits`: this process ends right after (the CLI, after a finished run). An embedded
+    cluster's processes are then ended at once by their pids, instead of Ray's orderly shutdown
+    (about 1.5 s here); the caller must leave with os._exit, before Ray notices its cluster gone.
+    """
+    if connection.address == "existing":
+        return
+    if process_exits and connection.embedded and connection.session_dir:
+        end_processes(session_pids(connection.session_dir), grace_s=0)
+    else:
+        ray.shutdown()
+    if connection.embedded:
+        _record_path(os.getpid()).unlink(missing_ok=True)
+
+
+def _session_dir() -> str:
+    """This driver's Ray session directory (where every process of the session keeps its files)."""
+    context = ray.get_runtime_context()
+    try:
+        return os.path.join(context.get_temp_dir(), context.get_session_name())
+    except (AttributeError, TypeError):  # connected as a client, no local node
+        return ""
+
+
+def _record_path(pid: int) -> Path:
+    return state_dir() / f"driver-{pid}.json"
+
+
+def _record(connection: Connection) -> None:
+    _record_path(os.getpid()).write_text(json.dumps({"pid": os.getpid(), "session_dir": connection.session_dir}))
+
+
+def reap_orphans() -> list[int]:
+    """End Ray processes left behind by embedded clusters whose driver died. Returns the pids ended."""
+    ended = []
+    for record in state_dir().glob("driver-*.json"):
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            record.unlink(missing_ok=True)
+            continue
+        if is_alive(data.get("pid", -1)):
+            continue
+        session_dir = data.get("session_dir") or ""
+        if session_dir:
+            for pid in session_pids(session_dir):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
+                except ProcessLookupError:
+                    pass
+        record.unlink(missing_ok=True)
+    if ended:
+        log.warning("ended %d Ray process(es) left behind by a driver that was killed", len(ended))
+    return ended
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def _hide_embedded_auth_notice() -> None:
+    """Ray announces token auth on every start; for a private embedded cluster it is noise."""
+    for name in ("ray", TOKEN_AUTH_LOGGER):
+        logging.getLogger(name).addFilter(_DropMessage("Token authentication is enabled"))

@@ -1,0 +1,79 @@
+"""The processes of a Ray session, found by their own ids (never by a broad name match), and how
+they are ended; where the orchestrator keeps its records of the clusters it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+STATE_DIR_ENV_VAR = "ORCHESTRATOR_STATE_DIR"
+DEFAULT_STATE_DIR = "~/.cache/orchestrator/embedded"
+
+
+def state_dir() -> Path:
+    path = Path(os.path.expanduser(os.environ.get(STATE_DIR_ENV_VAR, DEFAULT_STATE_DIR)))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def end_processes(pids: list[int], grace_s: float) -> None:
+    """SIGTERM the processes and give them `grace_s` to end, then SIGKILL what is left
+    (`grace_s` 0: SIGKILL at once)."""
+    if grace_s > 0:
+        _signal(pids, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+            time.sleep(0.1)
+    _signal([p for p in pids if is_alive(p)], signal.SIGKILL)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def is_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; it only waits for its parent to reap it.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def session_pids(session_dir: str) -> list[int]:
+    """Live processes of one Ray session, found by what they hold, never by a broad name match.
+
+    Ray's agents overwrite their command line ("ray::DashboardAgent"), so a process belongs to
+    the session when its command line names the session directory or one of its open files lies
+    inside it (every Ray process keeps its log files there open).
+    """
+    session_dir = os.path.realpath(session_dir.rstrip("/"))
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not is_alive(int(entry)):
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            if session_dir in cmdline or any(
+                os.readlink(f"/proc/{entry}/fd/{fd}").startswith(session_dir + "/")
+                for fd in os.listdir(f"/proc/{entry}/fd")
+            ):
+                pids.append(int(entry))
+        except OSError:
+            continue  # the process ended, or is not ours to inspect
+    return pids

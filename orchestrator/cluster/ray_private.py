@@ -1,0 +1,63 @@
+"""Every use of Ray's private API, in one place, checked against the Ray versions it was read in.
+
+Ray offers no public way to do these three things; each is wrapped here, and each raises a clear
+error on a Ray version outside CHECKED_RAY (pyproject.toml pins the same range), instead of
+failing somewhere inside Ray. `tests/test_private_api.py` fails on any private name of Ray,
+Lightning or torch used outside this module.
+
+- Token authentication switched on after Ray was imported: Ray reads RAY_AUTH_MODE and caches
+  the token at import; joining the warm cluster from a process that imported Ray first needs
+  both refreshed, as Ray itself does when it turns token auth on for a local cluster.
+- The worker-local preemption notice of Ray Train V2: the public `ray.train.get_preemption_info()`
+  is a barrier through an actor, too slow to call at every step.
+- The logger name of Ray's token-auth notice, to keep it off an embedded cluster's console.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+# The Ray versions whose sources these uses were read in.
+CHECKED_RAY = ((2, 60), (2, 61))
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class UnsupportedRay(RuntimeError):
+    pass
+
+
+@functools.cache  # once per process: the notice is read at every step
+def _check_version() -> None:
+    import ray
+
+    major_minor = tuple(int(part) for part in ray.__version__.split(".")[:2])
+    low, high = CHECKED_RAY
+    if not low <= major_minor < high:
+        raise UnsupportedRay(
+            f"Ray {ray.__version__} is installed, but the orchestrator uses parts of Ray's private API read in Ray "
+            f"{low[0]}.{low[1]}.x only (orchestrator/cluster/ray_private.py). Fix: pip install 'ray[default,train]>="
+            f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'.")
+
+
+def enable_token_auth(token: str) -> None:
+    """Authenticate to a cluster with `token` from now on (this process and what it starts)."""
+    _check_version()
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    from ray._raylet import AuthenticationTokenLoader
+
+    _enable_token_auth()
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def preemption_notice():
+    """Ray Train's worker-local notice that a node of this worker group is about to be
+    preempted (None: no notice, or not inside a Ray Train worker)."""
+    _check_version()
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        return get_train_context().preemption_context.preemption_info
+    except (ImportError, AttributeError, RuntimeError):
+        return None

@@ -1,0 +1,173 @@
+"""`orchestrator up` / `orchestrator down`: a warm local Ray cluster kept between runs.
+
+Iterating on a job means running it many times a day, and an embedded cluster costs Ray's start
+and stop on every run. `orchestrator up` starts one local Ray head (loopback only, token auth
+with a token of its own, no dashboard) and records it in the state directory; while it is up,
+`orchestrator run` without `--address` or `RAY_ADDRESS` joins it and says so. `orchestrator down`
+ends its processes, found by their own process ids (every Ray process of the session holds files
+in its session directory), and removes its files: nothing is left behind.
+
+The cluster runs under `ray start --block`, itself under a keeper (`reaper.py`) in a session of
+its own: the keeper adopts and reaps every process of the cluster when `down` stops it. A plain
+`ray start` exits at once and leaves them to whoever adopts orphans, which on some hosts (a shell or
+terminal that is a subreaper, a container whose init does not reap) keeps every stopped raylet and
+agent as a zombie under the shell that ran `orchestrator up`.
+
+The record holds the cluster's token, so it is written readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from orchestrator.cluster.environment import QUIET_RAY_ENV
+from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
+from orchestrator.errors import UserError
+
+RECORD_NAME = "warm-cluster.json"
+# Seconds `up` waits for `ray start`, and `down` for the processes to end after SIGTERM.
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class WarmCluster:
+    address: str
+    session_dir: str
+    temp_dir: str
+    token: str
+    started_at: float
+    # The keeper (reaper.py over `ray start --block`) that holds the cluster's processes (0 in older records).
+    keeper_pid: int = 0
+
+
+def _record_path() -> str:
+    return os.path.join(state_dir(), RECORD_NAME)
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _recorded() -> WarmCluster | None:
+    try:
+        with open(_record_path()) as f:
+            return WarmCluster(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def current(on_stale: Callable[[str], None] | None = None) -> WarmCluster | None:
+    """The warm cluster, if one is up; a record whose cluster is gone is cleaned up, and
+    `on_stale` hears of it."""
+    warm = _recorded()
+    if warm is None:
+        return None
+    if _answers(warm.address) and session_pids(warm.session_dir):
+        return warm
+    _remove(warm)
+    if on_stale is not None:
+        on_stale(f"the warm local cluster recorded at {warm.address} (`orchestrator up`) is gone; its record "
+                 "was removed, and this run starts an embedded cluster of its own (`orchestrator up` starts a "
+                 "new warm one)")
+    return None
+
+
+def up(num_cpus: int | None = None) -> tuple[WarmCluster, bool]:
+    """Start the warm cluster (or find the running one); returns it and whether it was started now."""
+    existing = current()
+    if existing is not None:
+        return existing, False
+    # Short: Ray's socket paths live under it and must stay under the OS limit of 107 bytes.
+    temp_dir = tempfile.mkdtemp(prefix="orch-warm-", dir="/tmp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(32)
+    env = {**os.environ, **QUIET_RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    command = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--head", "--block",
+               "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}",
+               "--disable-usage-stats"]
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    log_path = os.path.join(temp_dir, "ray-start.log")
+    with open(log_path, "w") as log:
+        keeper = subprocess.Popen([sys.executable, "-m", "orchestrator.cluster.reaper", *command], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # not in the shell's process group: Ctrl-C spares it
+    address = f"127.0.0.1:{port}"
+    session_dir = os.path.join(temp_dir, "session_latest")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while keeper.poll() is None and not (_answers(address) and _raylet_up(session_dir)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if keeper.poll() is not None or not _answers(address):
+        _stop(keeper.pid, session_dir)
+        with open(log_path) as log:
+            tail = [line for line in log.read().strip().splitlines() if line.strip()][-1:] or ["no output"]
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise UserError(f"`ray start` could not start the warm local cluster: {tail[0]}. Fix: see `ray start --head` "
+                        "on this machine, or run without `orchestrator up` (an embedded cluster per run).")
+    session_dir = os.path.realpath(session_dir)  # the link names the session's own folder once Ray made it
+    warm = WarmCluster(address, session_dir, temp_dir, token, time.time(), keeper.pid)
+    fd = os.open(_record_path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(warm), f)
+    return warm, True
+
+
+def down() -> WarmCluster | None:
+    """End the warm cluster's processes and remove its files; the cluster that was up, or None."""
+    warm = _recorded()
+    if warm is not None:
+        _remove(warm)
+    return warm
+
+
+def _remove(warm: WarmCluster) -> None:
+    _stop(warm.keeper_pid, warm.session_dir)
+    shutil.rmtree(warm.temp_dir, ignore_errors=True)
+    try:
+        os.unlink(_record_path())
+    except FileNotFoundError:
+        pass
+
+
+def _raylet_up(session_dir: str) -> bool:
+    """Whether the head's raylet has started (its socket exists): the cluster takes drivers then."""
+    return os.path.exists(os.path.join(session_dir, "sockets", "raylet"))
+
+
+def _stop(keeper_pid: int, session_dir: str) -> None:
+    """Stop the cluster: its keeper first, which stops and reaps its processes; then anything of
+    the session left (SIGTERM, a grace, SIGKILL), the keeper last, so that it reaps the others."""
+    keeper = [keeper_pid] if keeper_pid > 0 and is_alive(keeper_pid) else []
+    if keeper:
+        os.kill(keeper_pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while is_alive(keeper_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    others = [pid for pid in session_pids(session_dir) if pid != keeper_pid]
+    end_processes(others, grace_s=STOP_GRACE_S)
+    end_processes([pid for pid in session_pids(session_dir) if pid != keeper_pid], grace_s=0)  # started meanwhile
+    if keeper_pid > 0:
+        end_processes([keeper_pid], grace_s=1.0)

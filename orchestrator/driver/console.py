@@ -1,0 +1,273 @@
+"""What the driver prints while a run goes on, and what it says when the run fails.
+
+The watcher polls the run monitor once a second and prints one line per progress event, per
+committed checkpoint, per worker-group start, per failure (with its classification) and per hang
+verdict. While no worker group is up it also watches the cluster's capacity: after
+FIRST_CAPACITY_REPORT_S it says, and then every CAPACITY_REPORT_INTERVAL_S, which resources the
+run waits for and what the cluster has free, so a run never sits silently in PENDING (runs of a
+sweep on one cluster take turns); and it records how long it waited for capacity (for goodput).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import ray.train
+
+from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
+from orchestrator.failures import RunTakenOver, UserCodeFailed
+from orchestrator.observe.metrics import RunMetrics
+from orchestrator.run_dir import RunDir
+from orchestrator.spec import JobSpec
+
+Console = Callable[[str], None]
+
+# Seconds between the driver's polls of the run monitor.
+POLL_INTERVAL_S = 1.0
+# Seconds between the driver's reports of what a run without a worker group waits for.
+CAPACITY_REPORT_INTERVAL_S = 30.0
+# Seconds of waiting before the first such report: soon, so that a run queued behind others says why.
+FIRST_CAPACITY_REPORT_S = 5.0
+# Seconds between looks at the placement of the run's workers while no worker group is up.
+CAPACITY_CHECK_INTERVAL_S = 1.0
+
+
+def _placement_pending(job: JobSpec) -> bool:
+    """Whether Ray Train's placement group for this run's workers waits for resources."""
+    bundle = worker_resources(job)
+    for group in ray.util.placement_group_table().values():
+        bundles = list(group.get("bundles", {}).values())
+        if (group.get("state") in ("PENDING", "RESCHEDULING") and len(bundles) == job.scaling.num_workers
+                and all({k: float(v) for k, v in b.items()} == bundle for b in bundles)):
+            return True
+    return False
+
+
+def capacity_shortfall(job: JobSpec) -> str | None:
+    """What the cluster lacks to place the run's workers now, in one sentence; None if it has it."""
+    per_worker, workers = worker_resources(job), job.scaling.num_workers
+    need = {k: v * workers for k, v in per_worker.items()}
+    available = ray.available_resources()
+    free = {k: available.get(k, 0.0) for k in need}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    room = workers_that_fit(per_worker, (n["Resources"] for n in nodes), workers)
+    if all(free[k] >= v for k, v in need.items()) and room >= workers:
+        return None
+    short = {k: v - free[k] for k, v in need.items() if free[k] < v}
+    text = (f"it needs {workers} worker(s) x {fmt(per_worker)} = {fmt(need)}, and the cluster has {fmt(free)} "
+            f"free" + (f" (short by {fmt(short)})" if short else ""))
+    if room < workers:
+        text += (f"; its {len(nodes)} alive node(s) can hold at most {room} such worker(s) even when idle, "
+                 "so it must grow (or the spec ask for less)")
+    return text
+
+
+class RunWatcher:
+    def __init__(self, monitor, job: JobSpec, say: Console, metrics: RunMetrics | None = None):
+        self.monitor, self.job, self.say = monitor, job, say
+        self.metrics = metrics
+        self._stop = threading.Event()
+        self._seen = 0
+        self._thread = threading.Thread(target=self._loop, name="run-watcher", daemon=True)
+        self._starts = 0
+        self._size = 0
+        self._warned: set[str] = set()
+        max_epochs = job.lightning.trainer.get("max_epochs") if job.lightning else job.torch.max_epochs
+        self._epochs = f"/{max_epochs}" if max_epochs else ""
+        # Capacity: whether a worker group is up, and the waits for placement measured.
+        self._up = False
+        self._last_report = 0.0
+        self._last_check = 0.0
+        self._waits: list[list[float]] = []
+        self.last_shortfall: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._drain()
+        self._close_wait(time.time())
+
+    def capacity_waits(self) -> list[tuple[float, float]]:
+        return [(a, b if b else time.time()) for a, b in self._waits]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            self._drain()
+            try:
+                self._watch_capacity()
+            except Exception:  # noqa: BLE001 - capacity reports are best effort
+                pass
+
+    def _drain(self) -> None:
+        try:
+            events = ray.get(self.monitor.events_since.remote(self._seen), timeout=10)
+        except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
+            return
+        self._seen += len(events)
+        for event in events:
+            line = self._format(event)
+            if line:
+                self.say(line)
+        self._export(events)
+
+    def _export(self, events: list[dict[str, Any]]) -> None:
+        if self.metrics is None:
+            return
+        try:
+            for event in events:
+                self.metrics.observe(event)
+            self.metrics.refresh()
+        except Exception:  # noqa: BLE001 - metrics must never cost the run
+            pass
+
+    # --- capacity -------------------------------------------------------------------------------
+
+    def _watch_capacity(self) -> None:
+        now = time.time()
+        if self._up or now - self._last_check < CAPACITY_CHECK_INTERVAL_S:
+            return
+        self._last_check = now
+        if not _placement_pending(self.job):
+            self._close_wait(now)
+            return
+        if not (self._waits and self._waits[-1][1] == 0):
+            self._waits.append([now, 0])
+        waited = now - self._waits[-1][0]
+        # At least once before the run gives up, however short its capacity timeout.
+        every = min(CAPACITY_REPORT_INTERVAL_S, self.job.failure.capacity_timeout_s / 2)
+        first = self._last_report < self._waits[-1][0]  # nothing said yet in this wait
+        if (waited >= FIRST_CAPACITY_REPORT_S and first) or (waited >= every and now - self._last_report >= every):
+            self.last_shortfall = capacity_shortfall(self.job)
+            self._last_report = now
+            why = self.last_shortfall or "the cluster has not placed them yet"
+            self.say(f"waiting for capacity for {waited:.0f} s (giving up after failure.capacity_timeout_s = "
+                     f"{self.job.failure.capacity_timeout_s:g} s): {why}")
+
+    def _close_wait(self, now: float) -> None:
+        if self._waits and self._waits[-1][1] == 0:
+            self._waits[-1][1] = now
+
+    def _group_up(self, when: float) -> None:
+        self._up = True
+        self._close_wait(when)
+
+    def _group_down(self) -> None:
+        self._up = False
+
+    # --- event lines ----------------------------------------------------------------------------
+
+    def _format(self, event: dict[str, Any]) -> str | None:
+        kind = event["kind"]
+        if kind == "worker_started" and event["rank"] == 0:
+            self._group_up(event["time"])
+            self._starts += 1
+            where = f"resuming from step {event['restored_step']}" if event["restored_from"] else "starting fresh"
+            size, before = event["world_size"], self._size
+            self._size = size
+            if before and size != before:
+                return f"resized: {before} -> {size} workers, {where}{_batch_note(self.job, size)}"
+            prefix = "restarted: " if self._starts > 1 else ""
+            return f"{prefix}{size} workers up, {where}"
+        if kind == "progress":
+            metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event["metrics"].items()))
+            # Mid-epoch events carry the epoch in progress (0-based); boundary events the epochs done.
+            at_boundary = event["batch_in_epoch"] == 0
+            epoch = f"epoch {event['epoch'] if at_boundary else event['epoch'] + 1}{self._epochs}"
+            epoch += " done" if at_boundary else ""
+            rate = f"  {event['samples_per_s']:,.0f} samples/s" if event.get("samples_per_s") else ""
+            return f"{epoch:<14} step {event['step']:>6}  {metrics}{rate}"
+        if kind == "checkpoint":
+            return f"checkpoint committed: step {event['step']} ({event['reason']}) -> {event['uri']}"
+        if kind == "preemption":
+            return (f"preemption notice: node(s) {', '.join(n[:12] for n in event['nodes'])} go away in "
+                    f"{event['seconds_left']}; checkpointing at step {event['step']}")
+        if kind == "hang":
+            return f"hang detected: {event['message']}; restarting the group from the newest checkpoint"
+        if kind == "failure":
+            self._group_down()
+            ranks = "; ".join(_record_line(r) for r in event["ranks"]) or "no rank reported an error"
+            user = ("not retried: it came back at the same step after a restart" if _repeated(event["ranks"])
+                    else "not retried: it is an error in the training code")
+            then = {"user": user, "stopped": "not restarted: the run is stopping",
+                    "taken_over": "not restarted: another driver took the run over, and this one stops"}.get(
+                event["classification"], "restarting from the newest committed checkpoint")
+            return f"failure ({event['classification']}): {ranks}; {then}"
+        if kind == "warning":
+            if event["message"] in self._warned:  # each group restart repeats it: said once
+                return None
+            self._warned.add(event["message"])
+            return f"warning: {event['message']}"
+        if kind == "resume_fallback":
+            return (f"warning: checkpoint {event['wanted']} could not be read ({event['cause']}); "
+                    f"the group resumes from {event['uri']}")
+        return None
+
+
+def _batch_note(job: JobSpec, size: int) -> str:
+    global_batch = job.scaling.global_batch_size
+    if not global_batch:
+        return " (the global batch follows the world size: set scaling.global_batch_size to hold it)"
+    return f" (global batch {global_batch}: {global_batch // size} per worker)"
+
+
+def _record_line(record: dict[str, Any]) -> str:
+    where = f" at {record['where']}" if record.get("where") else ""
+    host = f", host {record['hostname']}" if record.get("hostname") else ""
+    place = f" (node {record['node_id'][:12]}{host}, pid {record['pid']})" if record.get("node_id") else ""
+    # A repeat's note is the paragraph's to tell (describe_failure); a GPU fault's says which node to drain.
+    note = f" ({record['note']})" if record.get("note") and not record.get("repeated") else ""
+    return f"rank {record['rank']}{place}: {record['error']}{where}{note}"
+
+
+def _repeated(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r for r in records if r.get("repeated")), None)
+
+
+def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watcher: RunWatcher | None) -> str:
+    """One paragraph for a run that failed: what failed, how it was classified, what to do."""
+    logs = RunDir(run_dir).logs
+    kept = ("The newest committed checkpoint is kept; fix the cause and run the same command again to resume "
+            "from it.")
+    root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error
+    if isinstance(root, RunTakenOver):
+        # LeaseLost's own text says what happened and who holds the run now; its advice is given here.
+        lost = root.records[0]["error"] if root.records else root.message
+        taken = lost.removeprefix("LeaseLost: ").split(" This writer stops")[0].rstrip(".")
+        return (f"run '{job.name}' stopped on this driver: another driver took the run over ({taken}). This "
+                "driver's workers stopped without a retry, and it leaves the run directory, summary.json included, "
+                "to the newer driver, which continues the run from the newest committed checkpoint. Fix: nothing "
+                "if that driver is meant to run it; otherwise stop it and run the same command here again.")
+    if isinstance(root, UserCodeFailed):
+        first = root.records[0] if root.records else {"rank": 0}
+        log_file = f"{logs}/rank-{first['rank']}.log" if logs else "Ray's worker logs (ray logs)"
+        attempt = "its first attempt" if not result.restarts else f"attempt {result.restarts + 1}"
+        repeated = _repeated(root.records)
+        why = ("This is an error in the training code, so it was not retried (failure.max_failures applies to "
+               "lost workers, nodes and hangs).") if not repeated else (
+            f"The first time, it was retried as a possible storage hiccup; it came back at the same step "
+            f"({repeated['step']}) after the restart from the newest checkpoint, which replays the same batch, so it "
+            "is deterministic (the data at that step, the code, or access to storage), not the infrastructure, and "
+            "it was not retried again.")
+        return f"run '{job.name}' failed on {attempt}: {root.message}. {why} Full traceback: {log_file}. {kept}"
+    if type(root).__name__ == "WorkerGroupStartupTimeoutError":
+        why = capacity_shortfall(job) or (watcher.last_shortfall if watcher else None) or \
+            "the cluster did not place the workers in time"
+        return (f"run '{job.name}' gave up waiting for capacity after failure.capacity_timeout_s = "
+                f"{job.failure.capacity_timeout_s:g} s: {why}. Fix: add nodes, lower scaling.num_workers or "
+                f"scaling.resources_per_worker, or raise failure.capacity_timeout_s. {kept}")
+    if isinstance(error, ray.train.WorkerGroupError) and result.failures:
+        last = result.failures[-1]
+        ranks = "; ".join(_record_line(r) for r in last["ranks"])
+        return (f"run '{job.name}' failed after {result.restarts} restart(s), the most failure.max_failures "
+                f"({job.failure.max_failures}) allows; the last failure ({last['classification']}): {ranks}. "
+                f"Worker logs: {logs or 'ray logs'}. {kept}")
+    text = [line for line in str(root).strip().splitlines() if line.strip()]
+    tail = text[-1] if text else type(root).__name__
+    return f"run '{job.name}' failed: {tail}. Worker logs: {logs or 'ray logs'}. {kept}"

@@ -1,0 +1,343 @@
+"""The driver: spec -> checkpoint choice -> Ray -> TorchTrainer -> progress -> summary.json.
+
+`run()` is the Python API and what the CLI calls. It only wires things together: the choice of
+checkpoint is `resume.py`'s, the Ray connection `cluster.py`'s, the workers' code `runtime/`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore
+from orchestrator.checkpoint.lease import LeaseLost, RunLease
+from orchestrator.cluster import connection as cluster
+from orchestrator.driver import resume
+from orchestrator.driver.console import Console, RunWatcher, describe_failure
+from orchestrator.driver.monitor import start_monitor
+from orchestrator.driver.recovery import recovery_settings
+from orchestrator.driver.signals import StopSignals
+from orchestrator.errors import RunStopped, TrainingFailed
+from orchestrator.failures import FailureClassifier
+from orchestrator.observe.goodput import compute as compute_goodput
+from orchestrator.observe.metrics import RunMetrics
+from orchestrator.observe.metrics import endpoint as metrics_endpoint
+from orchestrator.observe.result import RunResult, write_summary
+from orchestrator.run_dir import RunDir, write_storage_marker
+from orchestrator.runtime.handoff import WorkerConfig
+from orchestrator.runtime.worker import train_worker
+from orchestrator.spec import JobSpec, resolve_spec
+from orchestrator.spec.data import check_data_input
+
+PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
+# Seconds the driver waits for ended workers to be torn down after a stop's grace period.
+ABORT_WAIT_S = 15.0
+# Seconds a CLI run on its own embedded cluster still waits for trainer.fit() after rank 0
+# reported the end: a failure reported right after it (a worker dying at exit) still counts.
+FINISHED_GRACE_S = 0.5
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str | None = None,
+        overwrite: bool = False, console: Console | None = _print, _process_exits: bool = False,
+        **overrides: Any) -> RunResult:
+    """Train the job described by `spec` and return a typed result.
+
+    `spec` is a path to a YAML file, a mapping, or a JobSpec. `overrides` set fields by name; use
+    `__` for nested fields (scaling__num_workers=4) or pass a dict for a section.
+    `_process_exits` (the CLI's): the process ends with os._exit once this returns a finished
+    run, so the run need not wait for Ray's orderly teardown (see `_Attempt` and
+    `cluster.disconnect`).
+    """
+    say = console or (lambda line: None)
+    job = resolve_spec(spec, _flatten_overrides(overrides))
+    cluster.check_address(address)
+    check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
+    layout = RunDir.of(job.storage, job.name)
+    storage.ensure_dir(layout.location)
+    # One writer per run: a second driver is refused here, naming the one that holds the run. A
+    # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
+    def lease_lost(exc: LeaseLost) -> None:
+        # On the lease's heartbeat thread: _Attempt._fit ends the workers within its next poll.
+        say(f"run '{job.name}' was taken over by another driver: ending this driver's workers now")
+
+    with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
+        return _run_holding(job, layout, run_lease, address, overwrite, say, _process_exits)
+
+
+def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, overwrite: bool,
+                 say: Console, process_exits: bool) -> RunResult:
+    run_dir = layout.location
+    store = CheckpointStore(run_dir, fence=run_lease.check)
+    choice = resume.choose(job, store, overwrite=overwrite)
+    for warning in choice.warnings:
+        say(f"warning: {warning}")
+    resume.check_compatible(job, choice)
+    say(f"run '{job.name}' in {run_dir.uri}: {choice.reason}" + (f" -> {choice.uri}" if choice.uri else ""))
+    changes = resume.spec_changes(job, choice.manifest)
+    if changes:
+        say(f"note: {changes}")
+
+    if resume.is_finished(job, choice.manifest):
+        say(f"run '{job.name}' already finished at step {choice.step}; nothing to do "
+            "(raise max_epochs or max_steps to train further)")
+        return _already_finished(job, run_dir, choice)
+    branched = resume.branch(store, choice)
+    if branched:
+        say(f"note: {branched}")
+
+    started = time.time()
+    worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
+    with recovery_settings(job.failure, job.scaling) as controller_env:
+        result: RunResult | None = None
+        error: BaseException | None = None
+        connection = cluster.connect(address, job_env={**worker_env, **controller_env})
+        for note in connection.notes:
+            say(f"note: {note}")
+        if connection.warm:
+            say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
+                "`orchestrator down` stops it)")
+        try:
+            monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits)
+            handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
+                                   log_dir=layout.logs, lease_generation=run_lease.generation,
+                                   lease_nonce=run_lease.nonce,
+                                   storage_nonce=write_storage_marker(layout, socket.gethostname()))
+            trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
+            where = metrics_endpoint()
+            if where:
+                say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
+            # The CLI leaves as soon as the run is done, on its own embedded cluster (ended by pid
+            # right after) or on the warm local one (Ray ends a job's actors when its driver
+            # leaves): waiting for Ray Train's teardown would only delay the user.
+            fast_exit = process_exits and (connection.embedded or connection.warm)
+            attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, done_when_finished=fast_exit)
+            result, error = attempt.fit(trainer)
+            if run_lease.lost is not None:
+                raise run_lease.lost  # the run is the newer driver's now, summary.json too
+            # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
+            _save_summary(run_dir, result, say)
+        finally:
+            done = result is not None and error is None and result.status == "finished"
+            cluster.disconnect(connection, process_exits=process_exits and done)
+
+    if result.status == "stopped":
+        stopped_by = attempt.signals.received or "SIGINT"
+        raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
+    if error is not None:
+        raise TrainingFailed(result.error)
+    say(result.describe())
+    return result
+
+
+class _Attempt:
+    """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
+
+    def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float,
+                 run_lease: RunLease, done_when_finished: bool = False):
+        self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
+        self.started = started
+        # Its `lost` is set (and on_lost called) by the lease's heartbeat once another driver took the run over.
+        self.run_lease = run_lease
+        # Stop waiting for trainer.fit() once rank 0 reported the end (checkpoints committed):
+        # what is left is Ray Train's teardown, which the caller's exit makes moot.
+        self.done_when_finished = done_when_finished
+        self.watcher = RunWatcher(monitor, job, say, RunMetrics(job.name, started))
+        self.signals = StopSignals(on_stop=self._request_stop)
+
+    def fit(self, trainer: TorchTrainer) -> tuple[RunResult, BaseException | None]:
+        self.watcher.start()
+        try:
+            with self.signals.installed():
+                error = self._fit(trainer)
+        finally:
+            self.watcher.stop()
+        stopped_by = self.signals.stopped_by(error)
+        result = self.result(error, stopped_by)
+        if error is not None and not stopped_by:
+            result.error = describe_failure(self.job, error, self.run_dir, result, self.watcher)
+        return result, error
+
+    def _fit(self, trainer: TorchTrainer) -> BaseException | None:
+        """trainer.fit() on a thread of its own, so that this (main) thread keeps its signal handling.
+
+        A stop request gives the workers until the grace period's end to checkpoint and finish;
+        then they are ended (the run monitor tells them); a second signal stops waiting at once.
+        """
+        outcome: dict[str, BaseException | None] = {"error": None}
+
+        def fit() -> None:
+            try:
+                trainer.fit()
+            except BaseException as exc:  # noqa: BLE001 - reported by the caller, with the worker's own message
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
+        thread.start()
+        aborting_since = None
+        summarized = stop_recorded = False
+        finished_since = None
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            if self.done_when_finished and not self.signals.received and thread.is_alive():
+                if finished_since is None and self._finished():
+                    finished_since = time.monotonic()
+                if finished_since is not None and time.monotonic() - finished_since > FINISHED_GRACE_S:
+                    return None
+            if self.run_lease.lost is not None and aborting_since is None:
+                # Another driver holds the run now: end this one's workers at once, with no restart
+                # (their commits are fenced off already), rather than at their next checkpoint.
+                self.monitor.request_stop.remote(time.time())
+                self.monitor.abort.remote(f"this driver lost the run to another driver: {self.run_lease.lost}")
+                aborting_since = time.monotonic()
+            if self.signals.received and not summarized and self.run_lease.lost is None:
+                summarized = True
+                self._write_partial_summary()  # the sender may kill this process before the workers are done
+            if summarized and not stop_recorded and self._stop_committed():
+                # Rank 0 committed the stop checkpoint and ended: the summary is final now, before
+                # Ray Train's teardown (~1 s), which `ray job stop`'s SIGKILL may cut short.
+                stop_recorded = True
+                self._write_partial_summary()
+            left = self.signals.grace_left()
+            if left is not None and left <= 0 and aborting_since is None:
+                if not stop_recorded:  # (else the workers are done: only Ray Train's teardown is left)
+                    self.say("the stop's grace period ran out: ending the workers (the newest committed "
+                             "checkpoint is kept)")
+                self.monitor.abort.remote("the run was stopped and its grace period ran out")
+                aborting_since = time.monotonic()
+            if self.signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
+                return outcome["error"] or RuntimeError("stopped before the workers finished")
+        return outcome["error"]
+
+    def _finished(self) -> bool:
+        try:
+            return bool(ray.get(self.monitor.finished.remote(), timeout=5))
+        except Exception:  # noqa: BLE001 - then wait for fit() as usual
+            return False
+
+    def _stop_committed(self) -> bool:
+        """Whether rank 0 reported the end of a stopped run (its stop checkpoint committed)."""
+        try:
+            events = ray.get(self.monitor.events_since.remote(0), timeout=5)
+        except Exception:  # noqa: BLE001 - then the summary is written when fit() returns
+            return False
+        return any(e["kind"] == "finished" and e.get("stopped") for e in events)
+
+    def _request_stop(self, deadline_monotonic: float) -> None:
+        grace = max(0.0, deadline_monotonic - time.monotonic())
+        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.1f} s; "
+                 "signal again to stop at once)")
+        self.monitor.request_stop.remote(time.time() + grace)
+
+    def result(self, error: BaseException | None, stopped_by: str | None) -> RunResult:
+        ended = time.time()
+        events = ray.get(self.monitor.events_since.remote(0), timeout=30)
+        last_steps = ray.get(self.monitor.last_steps.remote(), timeout=30)
+        goodput = compute_goodput(events, started=self.started, ended=ended,
+                                  capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps)
+        return RunResult.from_events(self.job, self.run_dir, events, self.choice, wall_seconds=ended - self.started,
+                                     error=error, stopped_by=stopped_by, goodput=goodput)
+
+    def _write_partial_summary(self) -> None:
+        """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""
+        try:
+            write_summary(self.run_dir, self.result(None, self.signals.received))
+        except Exception:  # noqa: BLE001 - the final summary is written again at the end
+            pass
+
+
+def _save_summary(run_dir, result: RunResult, say: Console) -> None:
+    """summary.json; a storage that cannot take it (full, gone) costs the file, not the result."""
+    try:
+        write_summary(run_dir, result)
+    except OSError as exc:
+        say(f"warning: {result.summary_path} could not be written ({exc}); the outcome printed here is "
+            "the only record of it")
+
+
+def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, str] | None) -> TorchTrainer:
+    scaling = job.scaling
+    elastic = scaling.elastic
+    resources = dict(scaling.resources_per_worker)
+    if scaling.use_gpu:
+        resources.setdefault("GPU", 1.0)
+    ray_dir = RunDir.at(handoff.run_uri).ray
+    return TorchTrainer(
+        train_loop_per_worker=train_worker,
+        train_loop_config=handoff.to_config(),
+        torch_config=TorchConfig(timeout_s=job.failure.collective_timeout_s),
+        scaling_config=ScalingConfig(
+            # [min, max]: Ray Train's elastic policy sizes each start to what the cluster holds.
+            num_workers=(scaling.min_workers, scaling.num_workers) if elastic else scaling.num_workers,
+            elastic_resize_monitor_interval_s=scaling.resize_interval_s,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=PLACEMENT_STRATEGIES[scaling.placement],
+        ),
+        run_config=RunConfig(
+            # Ray keeps its own run state here; checkpoints are ours, in <run_dir>/checkpoints.
+            name=f"{job.name}-{int(time.time())}",
+            storage_path=ray_dir.uri if not ray_dir.is_local else ray_dir.path,
+            # A fixed-size worker group that cannot be placed within capacity_timeout_s (Ray
+            # Train's start timeout, see recovery.py) is given up on, not retried: the run says
+            # what it lacked. An elastic one retries a short start timeout at the size the
+            # cluster holds then.
+            failure_config=FailureConfig(max_failures=job.failure.max_failures,
+                                         max_preemption_failures=job.failure.max_preemptions,
+                                         controller_failure_limit=-1 if elastic else 0),
+            callbacks=[FailureClassifier(handoff.monitor, job.failure.hang_timeout_s)],
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+            # Only when the job itself could not be given the workers' variables (cluster.connect).
+            worker_runtime_env={"env_vars": worker_env} if worker_env else None,
+        ),
+    )
+
+
+def _worker_pythonpath() -> str:
+    """Let workers import the user's modules the way the driver does (from the current directory)."""
+    # Absolute: Ray may start workers in another directory (a job's unpacked working_dir).
+    own = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p]
+    parts = [os.getcwd(), *own]
+    existing = os.environ.get("PYTHONPATH")
+    if existing:
+        parts.append(existing)
+    return os.pathsep.join(dict.fromkeys(parts))
+
+
+def _flatten_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        flat[key.replace("__", ".")] = value
+    return flat
+
+
+def _already_finished(job: JobSpec, run_dir, choice: resume.ResumeChoice) -> RunResult:
+    previous = RunResult.load(run_dir)
+    if previous is not None:
+        previous.status = "already_finished"
+        previous.resumed_from = choice.to_dict()
+        return previous
+    manifest = choice.manifest
+    return RunResult(name=job.name, status="already_finished", run_dir=run_dir.uri, world_size=manifest.world_size,
+                     global_step=manifest.step, epochs=manifest.epoch, metrics=dict(manifest.metrics),
+                     final_checkpoint=choice.uri, resumed_from=choice.to_dict())
+
+
+def _stopped_message(job: JobSpec, signal_name: str, result: RunResult) -> str:
+    kept = (f"the newest committed checkpoint is {result.final_checkpoint}" if result.final_checkpoint
+            else "no checkpoint was committed yet")
+    return (f"run '{job.name}' stopped by {signal_name} after step {result.global_step}; {kept}. "
+            "Run the same command again to resume from the newest committed checkpoint.")

@@ -1,0 +1,102 @@
+"""The run monitor: a small actor owned by the driver that workers tell what is happening.
+
+Workers push events (worker started, progress, checkpoint committed, finished) with
+fire-and-forget calls; the driver polls them to print live progress and to write summary.json.
+The actor outlives worker-group restarts, so it is also where
+- each worker group's start is numbered, and the newest checkpoint committed during this run is
+  remembered: rank 0 of a new group asks it which checkpoint the group resumes from;
+- the workers' heartbeats arrive, and the hang watchdog (`watchdog.py`) judges them; its
+  verdict goes back to every worker of the group in the reply to its next heartbeat;
+- the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.driver.watchdog import Beat, HangWatchdog
+
+
+def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None) -> ray.actor.ActorHandle:
+    """A RunMonitor on the driver's own node.
+
+    It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
+    node, taking the run's record of committed checkpoints with it. The driver's node lives
+    exactly as long as the run does.
+    """
+    here = ray.get_runtime_context().get_node_id()
+    return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
+        hang_timeout_s, phase_limits)
+
+
+@ray.remote(num_cpus=0)
+class RunMonitor:
+    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None) -> None:
+        self._events: list[dict[str, Any]] = []
+        self._latest_checkpoint: dict[str, Any] | None = None
+        self._groups = 0
+        self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
+        self._stop_requested: float | None = None
+        # Set by the driver when a stop's grace period ran out: the workers end themselves.
+        self._abort_reason: str | None = None
+        # Per worker group: the newest step rank 0's heartbeat reported, and when (for goodput).
+        self._last_steps: dict[int, tuple[int, float]] = {}
+
+    def push(self, kind: str, **payload: Any) -> None:
+        event = {"kind": kind, "time": time.time(), **payload}
+        if kind == "checkpoint":
+            self._latest_checkpoint = event
+        self._events.append(event)
+
+    def events_since(self, index: int) -> list[dict[str, Any]]:
+        return self._events[index:]
+
+    def finished(self) -> bool:
+        """Whether rank 0 reported the end of training, every checkpoint committed (not a stop)."""
+        return any(e["kind"] == "finished" and not e.get("stopped") for e in self._events)
+
+    def begin_group(self, world_size: int) -> dict[str, Any]:
+        """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
+        self._groups += 1
+        self._watchdog.new_group(self._groups, world_size, time.time())
+        latest = self._latest_checkpoint
+        return {"group": self._groups, "latest_uri": latest["uri"] if latest else None}
+
+    def beat(self, group: int, **beat: Any) -> dict[str, Any]:
+        """A worker's heartbeat. The reply tells it whether its group is hung or asked to stop."""
+        now = time.time()
+        if beat["rank"] == 0 and beat["step"] > self._last_steps.get(group, (0, 0.0))[0]:
+            self._last_steps[group] = (beat["step"], now)
+        undecided = self._watchdog.verdict is None
+        verdict = self._watchdog.observe(group, Beat(**beat), now)
+        if verdict is not None and undecided:  # recorded once, when it is reached
+            self.push("hang", **verdict)
+        abort = verdict["message"] if verdict else self._abort_reason
+        return {"abort": abort, "stop": self._stop_requested is not None}
+
+    def last_steps(self) -> dict[int, tuple[int, float]]:
+        return dict(self._last_steps)
+
+    def failure_context(self) -> dict[str, Any]:
+        """What Ray Train's controller needs to classify a failure of the current group: the hang
+        verdict, whether the run is stopping, where each rank ran, and the earlier failures'
+        errors a retry could have got past (an error back at the same step is the data's)."""
+        places = {e["rank"]: {"node_id": e["node_id"], "pid": e["pid"], "hostname": e.get("hostname", "")}
+                  for e in self._events if e["kind"] == "worker_started" and e.get("group") == self._groups}
+        earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
+                   if e["kind"] == "failure" for r in e["ranks"] if r.get("signature")]
+        return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places,
+                "earlier": earlier}
+
+    def request_stop(self, deadline: float) -> None:
+        if self._stop_requested is None:
+            self._stop_requested = deadline
+            self.push("stop_requested", deadline=deadline)
+
+    def abort(self, reason: str) -> None:
+        """End the current worker group now (a stop whose grace period ran out)."""
+        self._abort_reason = reason

@@ -1,0 +1,383 @@
+"""What went wrong when a worker group failed, and whether trying again can help.
+
+Ray Train retries every worker error the same way, so a bug in the user's code used to be run
+again `max_failures` times before anyone saw it. Here each failure is classified once:
+
+- user: an exception raised by the training code (the model, the loop, the data module) or by
+  a setting that breaks every attempt the same way. Retrying cannot help: the run fails at once.
+- infrastructure: a lost worker, node or connection, a collective that timed out, a storage
+  error, an OOM-killed process. Retried against `failure.max_failures`.
+- hang: a rank stopped answering or stopped making progress for `failure.hang_timeout_s`.
+  Retried like an infrastructure failure.
+- taken_over: another driver took the run over (`LeaseLost`): this one stops, nothing is retried.
+
+Two refinements need more than one exception:
+- A GPU hardware fault (an uncorrectable ECC error, a lost GPU) is infrastructure, and the failure
+  names the node so that it can be drained.
+- An error that may or may not pass (an OSError without errno: a corrupt Parquet page, S3's
+  AccessDenied, an unreadable image; or a GPU fault) carries the global step it was raised at and
+  a signature. The first one is retried. The same signature at the same step after a restart is
+  no hiccup: exact resume replayed the same batch into the same error, so the controller calls it
+  the user's (their data) and stops. A GPU fault counts so only when it came back on another node.
+
+A worker's exception is classified where it was raised (the worker still has its traceback);
+errors of workers that died are classified on Ray Train's controller (`FailureClassifier`).
+When one rank's bug makes its peers see only communication errors, the run fails as that bug.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import sysconfig
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import ray
+import ray.train
+
+from orchestrator.errors import LeaseLost, OrchestratorError, UserError
+
+log = logging.getLogger(__name__)
+
+USER, INFRASTRUCTURE, HANG, STOPPED, TAKEN_OVER = "user", "infrastructure", "hang", "stopped", "taken_over"
+GPU = "gpu"  # FailureRecord.fault of a GPU hardware fault
+
+# Text of the errors torch.distributed raises when a peer or the network fails (gloo and NCCL).
+_COMMUNICATION_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "timed out waiting",
+    "socket timeout", "processgroupgloo", "processgroupnccl", "nccl error", "nccl communicator",
+    "watchdog caught collective operation timeout", "no route to host", "connection refused",
+    "read error", "unhandled system error", "remote process exited",
+)
+# OSErrors a retry may get past (a storage or network hiccup); the rest (a missing file, a
+# permission, a full disk) are the user's to fix.
+_TRANSIENT_ERRNOS = {errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
+                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE, errno.ESTALE,
+                     errno.EAGAIN, errno.EBUSY}
+_USER_OSERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+# CUDA's own texts (cudaGetErrorString) and the driver's for faults of the GPU or its node rather
+# than of the program: uncorrectable ECC / NVLink errors, an Xid-class kernel failure, a GPU that
+# fell off the bus or is held elsewhere. A device-side assert, an illegal memory access or
+# instruction, a misaligned address and out-of-memory are left to the program (NVIDIA's Xid 13/31
+# guidance names the application first for those), as is every CUDA error not listed.
+_GPU_FAULT_MARKERS = ("uncorrectable ecc error", "uncorrectable nvlink error", "unspecified launch failure",
+                      "gpu is lost", "fallen off the bus", "cuda-capable device(s) is/are busy or unavailable",
+                      "cuda error: unknown error", "cuda error: system not yet initialized")
+# The same faults by cudaError_t, which torch.AcceleratorError carries as `error_code`.
+_GPU_FAULT_CODES = {214, 220, 719, 46, 999, 802}
+
+
+def classify(exc: BaseException) -> str:
+    """USER, INFRASTRUCTURE or TAKEN_OVER for an exception raised in a worker (its cause chain too)."""
+    return _verdict(exc)[0]
+
+
+def _verdict(exc: BaseException) -> tuple[str, BaseException]:
+    """The classification, and the link of the cause chain that decided it."""
+    seen = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, WorkerFailure):
+            return link.kind, link
+        if isinstance(link, LeaseLost):  # a newer driver holds the run: not an error of this one's
+            return TAKEN_OVER, link
+        if isinstance(link, UserError):  # raised on purpose with a fix to apply (e.g. a full disk)
+            return USER, link
+        if _is_infrastructure(link):
+            return INFRASTRUCTURE, link
+        link = link.__cause__ or link.__context__
+    return USER, exc
+
+
+def is_gpu_fault(exc: BaseException) -> bool:
+    """Whether an exception is a fault of the GPU hardware or its driver (see _GPU_FAULT_MARKERS)."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    if getattr(exc, "error_code", None) in _GPU_FAULT_CODES:
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _GPU_FAULT_MARKERS)
+
+
+def _is_infrastructure(exc: BaseException) -> bool:
+    if isinstance(exc, WorkerFailure):
+        return exc.kind != USER
+    if isinstance(exc, TransientStartError):
+        return True
+    if isinstance(exc, ray.exceptions.RayError):
+        return not isinstance(exc, ray.exceptions.RayTaskError)  # a task error wraps user code
+    try:
+        from torch.distributed import DistError
+    except ImportError:  # pragma: no cover - torch without distributed
+        DistError = ()
+    if DistError and isinstance(exc, DistError):
+        return True
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and not isinstance(exc, _USER_OSERRORS):
+        return exc.errno in _TRANSIENT_ERRNOS or exc.errno is None
+    if isinstance(exc, RuntimeError):
+        text = str(exc).lower()
+        return any(marker in text for marker in _COMMUNICATION_MARKERS) or is_gpu_fault(exc)
+    return False
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where an exception comes from, as `file:line in function`: the innermost frame of the
+    user's own code (not Python's, a library's or the orchestrator's), else the innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    own = [f for f in frames if is_user_file(f.filename)]
+    frame = (own or frames)[-1]
+    return f"{_short_path(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+_LIBRARY_DIRS = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                                      sysconfig.get_paths()["platlib"]})
+_OWN_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a source file is the user's own (not Python's, a library's, or the orchestrator's)."""
+    path = os.path.realpath(filename)
+    # A compiled module's frames name a source that is not there (pyarrow's "pyarrow/error.pxi").
+    if filename.startswith("<") or path.startswith(_OWN_DIR + os.sep) or not os.path.exists(path):
+        return False
+    return not any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS) and "site-packages" not in path
+
+
+def _short_path(filename: str) -> str:
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if relative.startswith("..") else relative
+
+
+@dataclass
+class FailureRecord:
+    """One rank's part in a failure, as summary.json lists it."""
+
+    rank: int
+    kind: str  # user | infrastructure | hang | taken_over
+    error: str  # "ValueError: bad value"
+    where: str = ""  # "jobs/foo.py:42 in train_loop"
+    # Where the rank ran (from its worker group's start), when known.
+    node_id: str = ""
+    pid: int = 0
+    hostname: str = ""
+    # The global step the error was raised at (the last one completed); None where unknown.
+    step: int | None = None
+    # Of an error a retry may get past: a digest of its type, text and place, to recognise it
+    # when it comes back after a restart.
+    signature: str = ""
+    # GPU for a GPU hardware fault (the node is to be drained).
+    fault: str = ""
+    # The same error at the same step as an earlier attempt: the data's (or the code's), not a hiccup.
+    repeated: bool = False
+    # What to do about it, when there is more to say than the error (how to drain a node).
+    note: str = ""
+
+    def describe(self) -> str:
+        where = f" at {self.where}" if self.where else ""
+        return f"rank {self.rank}: {self.error}{where}"
+
+
+class WorkerFailure(OrchestratorError):
+    """What a worker raises instead of the training code's exception: the same error, classified,
+    with where it was raised. It pickles without the original (which may not pickle)."""
+
+    def __init__(self, message: str, record: FailureRecord):
+        super().__init__(message)
+        self.record = record
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, rank: int, step: int | None = None) -> WorkerFailure:
+        """`step`: the global step the error was raised at (None before the group trained)."""
+        if isinstance(exc, WorkerFailure):
+            return exc
+        kind, link = _verdict(exc)
+        # A lost lease arrives wrapped (a background write's error): its own text names the new holder.
+        error, where = error_line(link if kind == TAKEN_OVER else exc), raised_at(exc)
+        record = FailureRecord(rank=rank, kind=kind, error=error, where=where, step=step)
+        if kind == INFRASTRUCTURE and (_unexplained(link) or is_gpu_fault(link)):
+            record.signature = _signature(link, where)
+            record.fault = GPU if is_gpu_fault(link) else ""
+        return cls(f"rank {rank}: {error} (raised at {where})", record)
+
+    @property
+    def kind(self) -> str:
+        return self.record.kind
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.record))
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: text` of an exception, its text cut to the line that says what went wrong: CUDA's
+    "CUDA error: ..." line (the lines after it are debugging advice), else the last line (a
+    traceback carried in the text, as from a DataLoader worker, ends with the error)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    cuda = [line for line in lines if line.startswith("CUDA error:")]
+    return f"{type(exc).__name__}: {(cuda or lines)[0 if cuda else -1]}"
+
+
+def _unexplained(exc: BaseException) -> bool:
+    """An OSError that says nothing of its cause (no errno, not a connection or a timeout): retried
+    once as a possible hiccup, but it may as well be the data (a damaged Parquet page, S3's
+    AccessDenied, PIL's UnidentifiedImageError). An errno or a network error stays retried."""
+    return isinstance(exc, OSError) and exc.errno is None and not isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def _signature(exc: BaseException, where: str) -> str:
+    return hashlib.sha256(f"{error_line(exc)}|{where}".encode()).hexdigest()[:16]
+
+
+class TransientStartError(OrchestratorError):
+    """A worker group could not start from its checkpoint (a rank could not read it); retried."""
+
+
+class RunStoppedOnController(OrchestratorError):
+    """Raised on Ray Train's controller to end a run the driver is stopping."""
+
+
+class _EndedOnController(OrchestratorError):
+    """Raised on Ray Train's controller to end the run at once, with the records of the ranks that did."""
+
+    def __init__(self, message: str, records: list[dict[str, Any]] | None = None):
+        super().__init__(message)
+        self.records = records or []
+
+    def __reduce__(self):
+        return (self.__class__, (self.message, self.records))
+
+
+class UserCodeFailed(_EndedOnController):
+    """The training code itself failed, or an error came back at the same step after a restart
+    (`repeated` records): retrying cannot help."""
+
+
+class RunTakenOver(_EndedOnController):
+    """A newer driver took the run over (LeaseLost): this one stops, and retrying is not its to do."""
+
+
+_DIED = "the worker process died or became unreachable"
+
+
+def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:
+    """Classify an error that reached Ray Train's controller for one rank."""
+    if isinstance(exc, WorkerFailure):
+        return exc.record
+    name = type(exc).__name__
+    if name == "WorkerHealthCheckTimeoutError":
+        return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
+    if name == "WorkerHealthCheckFailedError":
+        cause = getattr(exc, "health_check_failure", None)
+        what = _DIED
+        if isinstance(cause, ray.exceptions.RayActorError):
+            what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
+        return FailureRecord(rank, INFRASTRUCTURE, what)
+    kind = classify(exc)
+    return FailureRecord(rank, kind, error_line(exc), fault=GPU if kind == INFRASTRUCTURE and is_gpu_fault(exc) else "")
+
+
+def mark_repeats(records: list[FailureRecord], earlier: list[dict[str, Any]]) -> None:
+    """Make the user's each infrastructure record whose error an earlier attempt of the run raised
+    at the same step (`earlier`: those attempts' records, as dicts).
+
+    Exact resume replays the same batches, so an error that a restart brings back at the very step
+    it was raised at before is deterministic: the data (or the code) at that step, which no retry
+    gets past. A GPU fault follows its node instead: it counts only when raised on another node.
+    """
+    for record in records:
+        if record.kind != INFRASTRUCTURE or not record.signature or record.step is None:
+            continue
+        for before in earlier:
+            if before.get("signature") != record.signature or before.get("step") != record.step:
+                continue
+            if record.fault == GPU and not (record.node_id and before.get("node_id")
+                                            and record.node_id != before["node_id"]):
+                continue
+            record.kind, record.repeated = USER, True
+            record.note = (f"raised at the same step ({record.step}) before a restart from the newest checkpoint "
+                           "too: the restart replayed the same batch into the same error, so it is deterministic "
+                           "(the data at that step, the code, or access to storage), not a passing hiccup")
+            break
+
+
+def drain_advice(record: FailureRecord) -> str:
+    """For a GPU hardware fault: which node, and how to keep Ray from placing work on it again."""
+    if not record.node_id:
+        return ("a GPU hardware fault; its node is unknown here: find the host in this rank's log, drain that "
+                "node (`ray drain-node --node-id NODE_ID --reason DRAIN_NODE_REASON_PREEMPTION --reason-message "
+                "'GPU fault'`) and have its GPU checked")
+    host = f" (host {record.hostname})" if record.hostname else ""
+    return (f"a GPU hardware fault on node {record.node_id}{host}: the group restarts from the newest checkpoint, "
+            "and Ray may place it on that node again. Drain the node so that it takes no new work: `ray drain-node "
+            f"--node-id {record.node_id} --reason DRAIN_NODE_REASON_PREEMPTION --reason-message 'GPU fault'` "
+            "(from any node of the cluster), then have its GPU checked (nvidia-smi -q -d ECC; Xid lines in dmesg)")
+
+
+def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping: bool) -> str:
+    """One classification for a failure of the group, from its ranks' records."""
+    kinds = {r.kind for r in records}
+    if stopping:
+        return STOPPED
+    for kind in (TAKEN_OVER, USER):  # a peer's communication error is the consequence, not the cause
+        if kind in kinds:
+            return kind
+    return HANG if hang or HANG in kinds else INFRASTRUCTURE
+
+
+class FailureClassifier(ray.train.UserCallback):
+    """Runs on Ray Train's controller each time workers fail, before it decides to retry.
+
+    Records the failure (its classification per rank) with the run monitor, and ends the run at
+    once when the training code itself raised, when an error came back at the same step after a
+    restart, or when another driver took the run over: Ray Train treats an exception raised here
+    as a controller error it does not retry.
+    """
+
+    def __init__(self, monitor, hang_timeout_s: float):
+        self.monitor = monitor
+        self.hang_timeout_s = hang_timeout_s
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        records = [describe_ray_error(rank, exc, self.hang_timeout_s)
+                   for rank, exc in sorted(worker_exceptions.items())]
+        try:
+            view = ray.get(self.monitor.failure_context.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the classification still stands without the monitor's view
+            view = {"hang": None, "stopping": False, "places": {}}
+        verdict, stopping = view["hang"], view["stopping"]
+        for record in records:
+            place = view["places"].get(record.rank) or {}
+            record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
+            record.hostname = place.get("hostname", "")
+            if verdict and record.error.startswith(_DIED):
+                # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
+                record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
+        mark_repeats(records, view.get("earlier", []))
+        for record in records:
+            if record.fault == GPU and record.kind == INFRASTRUCTURE:
+                record.note = drain_advice(record)
+        kind = overall(records, verdict, stopping)
+        payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict}
+        try:
+            ray.get(self.monitor.push.remote("failure", **payload), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
+            log.warning("could not record the failure with the run monitor: %s", exc)
+        if kind == STOPPED:  # the driver is stopping the run: a failure now is no reason to start again
+            raise RunStoppedOnController("the run was asked to stop; the worker group is not restarted")
+        if kind in (TAKEN_OVER, USER):
+            ended = [r for r in records if r.kind == kind]
+            error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed
+            raise error("; ".join(r.describe() for r in ended), [asdict(r) for r in ended])

@@ -1,0 +1,173 @@
+"""The run's metrics for Prometheus, Grafana and Ray's dashboard, through `ray.util.metrics`.
+
+Ray exports every process's metrics at its node's Prometheus endpoint, prefixed `ray_`, with
+`_total` added to counters, about every 10 s (`metrics_report_interval_ms`). Every series is
+labelled with the run's name (`run`); the workers' own add the rank.
+
+- The driver (`RunMetrics`) sees every event of the run monitor, through the run watcher: the
+  step, epoch, throughput, step time, loss and the user's scalar metrics, the world size,
+  restarts by cause, checkpoints committed, the checkpoint stall, the age of the newest committed
+  checkpoint and the goodput so far. It sets every gauge again at each poll: Ray drops a series
+  it has not seen for a while, and the checkpoint's age and the goodput change by themselves.
+- Each worker (`WorkerMetrics`) reports its own step time, so a straggling rank stands out.
+
+Nothing is a histogram: Ray computes a histogram's `_sum` from its bucket midpoints, so any
+average taken from it would be wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ray.util.metrics import Counter, Gauge
+
+from orchestrator.observe.goodput import compute as compute_goodput
+
+PREFIX = "orchestrator_"
+
+# The driver's gauges, labelled by run: name -> description.
+RUN_GAUGES = {
+    "global_step": "Optimizer steps done (the newest step rank 0 reported).",
+    "epoch": "Epochs completed.",
+    "samples_per_second": "Training samples per second over all workers, since the previous report.",
+    "step_time_seconds": "Seconds per optimizer step, since the previous report (rank 0).",
+    "loss": "The training loss of the newest step rank 0 reported (the `loss` metric).",
+    "world_size": "Workers in the current worker group.",
+    "checkpoint_step": "The step of the newest checkpoint committed during this run.",
+    "checkpoint_age_seconds": "Seconds since the newest checkpoint of this run was committed.",
+    "checkpoint_stall_seconds": "Seconds the training loop was blocked by checkpointing, summed over the run.",
+    "goodput": "Share of the run's wall time so far spent on steps whose work is kept (0 to 1).",
+}
+USER_METRIC = ("metric", "The user's scalar metrics (ctx.step / ctx.report / self.log), by name.")
+RESTARTS = ("restarts", "Worker-group restarts, by cause (infrastructure, hang, preemption, resize).")
+CHECKPOINTS = ("checkpoints_committed", "Checkpoints committed during this run.")
+WORKER_STEP_TIME = ("worker_step_time_seconds", "Seconds per optimizer step on one worker, since its previous "
+                    "report.")
+
+# Seconds between recomputations of the live goodput (Ray exports about every 10 s anyway).
+GOODPUT_EVERY_S = 5.0
+# What a worker group's start is counted as when no failure preceded it (an elastic resize).
+RESIZE = "resize"
+
+
+class RunMetrics:
+    """The driver's metrics of one run: fed the run monitor's events, refreshed at each poll."""
+
+    def __init__(self, run: str, started: float):
+        self.run, self.started = run, started
+        self._tags = {"run": run}
+        self._gauges = {name: Gauge(PREFIX + name, description=text, tag_keys=("run",))
+                        for name, text in RUN_GAUGES.items()}
+        self._user = Gauge(PREFIX + USER_METRIC[0], description=USER_METRIC[1], tag_keys=("run", "name"))
+        self._restarts = Counter(PREFIX + RESTARTS[0], description=RESTARTS[1], tag_keys=("run", "cause"))
+        self._checkpoints = Counter(PREFIX + CHECKPOINTS[0], description=CHECKPOINTS[1], tag_keys=("run",))
+        self.values: dict[str, float] = {}
+        self.user: dict[str, float] = {}
+        self.restarts: dict[str, int] = {}
+        self._goodput_events: list[dict[str, Any]] = []
+        self._groups = 0
+        self._pending_cause: str | None = None
+        self._last_progress: tuple[int, int, float] | None = None  # (group, step, time)
+        self._stall_by_group: dict[int, float] = {}
+        self._newest_checkpoint_time: float | None = None
+        self._goodput_at = float("-inf")
+
+    def observe(self, event: dict[str, Any]) -> None:
+        """One event of the run monitor (see monitor.py), in the order they were pushed."""
+        kind = event["kind"]
+        if kind in ("worker_started", "progress", "finished"):
+            self._goodput_events.append(event)
+        if kind == "worker_started" and event.get("rank") == 0:
+            self._group_started(event)
+        elif kind == "failure":
+            self._pending_cause = event["classification"]
+        elif kind in ("progress", "finished"):
+            self._progress(event)
+        elif kind == "checkpoint":
+            self._checkpoints.inc(1, tags=self._tags)
+            self._newest_checkpoint_time = event["time"]
+            self.values["checkpoint_step"] = float(event["step"])
+            # Progress comes every few seconds; a committed step is done, whatever it said last.
+            self.values["global_step"] = max(self.values.get("global_step", 0.0), float(event["step"]))
+
+    def _group_started(self, event: dict[str, Any]) -> None:
+        self._groups += 1
+        self.values["world_size"] = float(event["world_size"])
+        self.values["global_step"] = float(event.get("restored_step") or 0)
+        if self._groups > 1:
+            cause = self._pending_cause or RESIZE
+            self.restarts[cause] = self.restarts.get(cause, 0) + 1
+            self._restarts.inc(1, tags={**self._tags, "cause": cause})
+        self._pending_cause = None
+
+    def _progress(self, event: dict[str, Any]) -> None:
+        group, step, when = event.get("group"), int(event["step"]), event["time"]
+        previous = self._last_progress
+        if previous and previous[0] == group and step > previous[1]:
+            self.values["step_time_seconds"] = (when - previous[2]) / (step - previous[1])
+        if not previous or previous[0] != group or step > previous[1]:
+            self._last_progress = (group, step, when)
+        self.values["global_step"] = max(self.values.get("global_step", 0.0), float(step))
+        self.values["epoch"] = float(event.get("epoch", 0))
+        if event.get("samples_per_s"):
+            self.values["samples_per_second"] = float(event["samples_per_s"])
+        stall = event.get("stall_s", event.get("checkpoint_stall_s"))
+        if stall is not None and group is not None:
+            self._stall_by_group[group] = float(stall)
+            self.values["checkpoint_stall_seconds"] = sum(self._stall_by_group.values())
+        for name, value in (event.get("metrics") or {}).items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                if name == "loss":
+                    self.values["loss"] = float(value)
+                else:
+                    self.user[name] = float(value)
+
+    def refresh(self, now: float | None = None) -> None:
+        """Set every gauge to its current value (the time-dependent ones computed now)."""
+        now = time.time() if now is None else now
+        if self._newest_checkpoint_time is not None:
+            self.values["checkpoint_age_seconds"] = max(0.0, now - self._newest_checkpoint_time)
+        # Goodput reads every event so far: recomputed every GOODPUT_EVERY_S, not at each poll.
+        if now - self._goodput_at >= GOODPUT_EVERY_S and any(e["kind"] == "progress" for e in self._goodput_events):
+            self._goodput_at = now
+            goodput = compute_goodput(self._goodput_events, started=self.started, ended=now)
+            # Until some group has a step time, its steps are worth nothing in the sum: a 0 would
+            # be a false alarm, so the gauge waits (a dashboard shows no value yet).
+            if goodput["step_time_s"] > 0:
+                self.values["goodput"] = goodput["goodput"]
+        for name, value in self.values.items():
+            self._gauges[name].set(value, tags=self._tags)
+        for name, value in self.user.items():
+            self._user.set(value, tags={**self._tags, "name": name})
+
+
+class WorkerMetrics:
+    """One worker's step time, reported at most every `interval_s` (called after every step)."""
+
+    def __init__(self, run: str, rank: int, interval_s: float):
+        self._gauge = Gauge(PREFIX + WORKER_STEP_TIME[0], description=WORKER_STEP_TIME[1], tag_keys=("run", "rank"))
+        self._tags = {"run": run, "rank": str(rank)}
+        self._interval_s = interval_s
+        self._since: tuple[int, float] | None = None
+
+    def stepped(self, step: int) -> None:
+        now = time.monotonic()
+        if self._since is None or step <= self._since[0]:
+            self._since = (step, now)  # the first step of a group: start-up is not step time
+            return
+        if now - self._since[1] >= self._interval_s:
+            self._gauge.set((now - self._since[1]) / (step - self._since[0]), tags=self._tags)
+            self._since = (step, now)
+
+
+def endpoint() -> str | None:
+    """This node's Prometheus endpoint, where the run's metrics are scraped (None if unknown)."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here and node.get("MetricsExportPort"):
+            return f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    return None

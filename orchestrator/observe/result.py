@@ -1,0 +1,162 @@
+"""The typed outcome of a run, and summary.json, its form on disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator import storage
+from orchestrator.observe.goodput import describe as goodput_line
+from orchestrator.storage import Location
+
+SUMMARY_NAME = "summary.json"
+# faults.TAKEN_OVER: the classification of a failure that another driver's takeover caused.
+TAKEN_OVER = "taken_over"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    name: str
+    # finished | failed | stopped (by a signal: Ctrl-C, ray job stop) | already_finished |
+    # taken_over (another driver took the run over)
+    status: str
+    run_dir: str
+    world_size: int
+    global_step: int
+    # Epochs completed (an epoch interrupted part-way counts as not completed).
+    epochs: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    final_checkpoint: str | None = None
+    weights_sha256: str | None = None
+    wall_seconds: float = 0.0
+    resumed_from: dict[str, Any] = field(default_factory=dict)
+    # One entry per worker of the last worker group: rank, node_id, hostname, pid.
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    world_sizes_seen: list[int] = field(default_factory=list)
+    # Worker-group starts after the first one (failures Ray Train recovered from).
+    restarts: int = 0
+    # Every worker-group start, in order: its world size and the step it resumed from (None: fresh).
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints_committed: int = 0
+    # Seconds the training loop was blocked by checkpointing (snapshot, gathers, hand-off).
+    checkpoint_stall_s: float = 0.0
+    # Seconds spent after training waiting for the last checkpoint write to commit.
+    final_flush_s: float = 0.0
+    # Every failure of a worker group, in order: when, its classification (user |
+    # infrastructure | hang | stopped) and each failing rank's error and where it was raised.
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    # wall_s, productive_s, lost_s by cause, recomputed_steps, goodput (see goodput.py).
+    goodput: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def summary_path(self) -> str:
+        return self.run_dir.rstrip("/") + "/" + SUMMARY_NAME
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.final_checkpoint
+
+    @classmethod
+    def from_events(cls, job, run_dir: Location, events: list[dict[str, Any]], choice, *, wall_seconds: float,
+                    error: BaseException | None, stopped_by: str | None = None,
+                    goodput: dict[str, Any] | None = None) -> RunResult:
+        by_group: dict[int, list[dict[str, Any]]] = {}
+        for event in events:
+            if event["kind"] == "worker_started":
+                by_group.setdefault(event["group"], []).append(event)
+        groups = [by_group[g] for g in sorted(by_group)]
+        finished = next((e for e in reversed(events) if e["kind"] == "finished"), None)
+        progress = next((e for e in reversed(events) if e["kind"] == "progress"), None)
+        checkpoints = [e for e in events if e["kind"] == "checkpoint"]
+        source = finished or progress or {}
+        last_group = sorted(groups[-1], key=lambda e: e["rank"]) if groups else []
+        return cls(
+            name=job.name,
+            status=_status(error, finished, stopped_by, events),
+            run_dir=run_dir.uri,
+            world_size=last_group[0]["world_size"] if last_group else job.scaling.num_workers,
+            global_step=int(source.get("step", 0)),
+            epochs=int(source.get("epoch", 0)),
+            metrics=dict(source.get("metrics", {})),
+            final_checkpoint=((finished or {}).get("final_checkpoint")
+                              or (checkpoints[-1]["uri"] if checkpoints else None)),
+            weights_sha256=(finished or {}).get("weights_sha256"),
+            wall_seconds=round(wall_seconds, 3),
+            resumed_from=choice.to_dict(),
+            workers=[{k: e[k] for k in ("rank", "node_id", "hostname", "pid")} for e in last_group],
+            world_sizes_seen=_changes([g[0]["world_size"] for g in groups]),
+            restarts=max(0, len(groups) - 1),
+            starts=[{"world_size": g[0]["world_size"], "restored_step": g[0]["restored_step"],
+                     "restored_from": g[0]["restored_from"]} for g in groups],
+            checkpoints_committed=len(checkpoints),
+            # Every worker group's stall (goodput sums them), not only the last one's.
+            checkpoint_stall_s=round(float((goodput or {}).get("lost_s", {}).get("checkpoint_stall")
+                                           or (finished or {}).get("checkpoint_stall_s", 0.0)), 4),
+            final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
+            failures=[{k: v for k, v in e.items() if k != "kind"} for e in events if e["kind"] == "failure"],
+            goodput=goodput or {},
+            error=_error_line(error, stopped_by),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def load(cls, run_dir: Location) -> RunResult | None:
+        loc = run_dir.join(SUMMARY_NAME)
+        if not storage.exists(loc):
+            return None
+        try:
+            raw = json.loads(storage.read_bytes(loc))
+            known = {f for f in cls.__dataclass_fields__}
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except (ValueError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items()))
+        return (
+            f"run '{self.name}' {self.status}: {self.world_size} workers, step {self.global_step}, "
+            f"{self.epochs} epoch(s), {self.wall_seconds:.1f} s\n"
+            f"  metrics: {metrics or '-'}\n"
+            f"  final checkpoint: {self.final_checkpoint}\n"
+            f"  weights_sha256: {self.weights_sha256}\n"
+            + (f"  {goodput_line(self.goodput)}\n" if self.goodput else "")
+            + f"  summary: {self.summary_path}"
+        )
+
+
+def _changes(values: list[int]) -> list[int]:
+    """The values in order, each repeat of the one before left out: [3, 3, 2, 3] -> [3, 2, 3]."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None,
+            events: list[dict[str, Any]]) -> str:
+    if stopped_by or (finished or {}).get("stopped"):
+        return "stopped"
+    if error is not None and any(e["kind"] == "failure" and e["classification"] == TAKEN_OVER for e in events):
+        return TAKEN_OVER
+    return "failed" if error is not None or finished is None else "finished"
+
+
+def _error_line(error: BaseException | None, stopped_by: str | None) -> str | None:
+    if stopped_by:
+        return f"stopped by {stopped_by}"
+    if error is None:
+        return None
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
+def write_summary(run_dir: Location, result: RunResult) -> None:
+    """summary.json; not for a run taken over: the run directory, and its summary, are the newer driver's."""
+    if result.status == TAKEN_OVER:
+        log.warning("%s is left to the driver that took run '%s' over", result.summary_path, result.name)
+        return
+    storage.write_atomic(run_dir.join(SUMMARY_NAME), json.dumps(result.to_dict(), indent=2, sort_keys=True).encode())

@@ -1,0 +1,1 @@
+"""The Lightning path inside a worker: fit, fsdp, deepspeed, loggers, the Parquet DataModule."""

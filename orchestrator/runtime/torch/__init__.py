@@ -1,0 +1,1 @@
+"""The plain-PyTorch path inside a worker: train_loop(ctx)."""

@@ -1,0 +1,158 @@
+"""The spec's `data:` section: Parquet input the orchestrator reads, shards and resumes itself.
+
+    data:
+      train:
+        path: ~/.cache/orchestrator/data/digits.parquet   # a file, a directory, or s3://...
+        columns:
+          pixels: {dtype: float32, shape: [64]}           # tensor name -> column, dtype, shape
+          label: {dtype: int64}
+        batch_size: 32                                    # per worker (scaling.global_batch_size: global)
+        shuffle: true
+      val: {...}                                          # optional, same fields
+
+Parsed here with spec.py's checkers, so its messages read like every other field's. The input
+itself (files, columns, types, row counts) is checked by `check_data_input` on the driver
+before Ray starts, reading the Parquet footers only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import nearest
+from orchestrator.spec import fields as s
+
+SOURCES = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    # The Parquet column (default: the tensor's own name).
+    column: str | None = None
+    # The tensor's dtype: float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8 or
+    # bool (default: the column's own type).
+    dtype: str | None = None
+    # One sample's shape, e.g. [8, 8] (default: a scalar, or a list column's length).
+    shape: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class DataSourceSpec:
+    # A Parquet file, a directory of them (read recursively), or a pyarrow.fs URI (s3://...).
+    path: str
+    # Which tensors a batch holds: tensor name -> {column, dtype, shape} (a list of column names
+    # takes them as they are). Default: every column.
+    columns: dict[str, ColumnSpec] = field(default_factory=dict)
+    # Samples per worker per forward pass; with scaling.global_batch_size, the largest micro-batch.
+    batch_size: int = 32
+    # Shuffle every epoch: the row groups, then the rows within each window of row groups, as a
+    # function of (seed, epoch) only.
+    shuffle: bool = True
+    # Drop the epoch's last, incomplete global batch.
+    drop_last: bool = False
+    # Row groups shuffled together (and kept decoded per worker): more mixes better, costs memory.
+    window: int = 4
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    # The training input. The torch path reads it with ctx.data("train"); the Lightning path
+    # builds the DataModule's train loader from it when lightning.data is not given.
+    train: DataSourceSpec | None = None
+    # The validation input (not shuffled unless asked), read with ctx.data("val"); on the
+    # Lightning path, the built DataModule's val loader.
+    val: DataSourceSpec | None = None
+    # The test input (not shuffled unless asked), read with ctx.data("test"); on the Lightning
+    # path, the built DataModule's test loader (the run ends with trainer.test).
+    test: DataSourceSpec | None = None
+
+
+def parse_data(raw: Any) -> DataSpec | None:
+
+    if raw is None:
+        return None
+    s.mapping(raw, "data")
+    s.check_keys(raw, DataSpec, "data")
+    sources = {name: _source(raw[name], f"data.{name}", training=name == "train")
+               for name in SOURCES if raw.get(name) is not None}
+    if not sources:
+        raise s.SpecError("field 'data': it names no input. Fix: add data.train (and val, test) with a path, e.g. "
+                          "data: {train: {path: data/train.parquet, batch_size: 32}}.")
+    return DataSpec(**sources)
+
+
+def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
+    from orchestrator.data.parquet import DTYPES
+
+    s.mapping(raw, path)
+    s.check_keys(raw, DataSourceSpec, path)
+    location = s.require(raw, "path", path, str, example="data/train.parquet")
+    if "://" not in location:
+        # Relative to where the command runs (as the spec's class paths are), fixed now: the
+        # workers run elsewhere.
+        location = os.path.abspath(os.path.expanduser(location))
+    columns_raw = raw.get("columns") or {}
+    if isinstance(columns_raw, list):
+        columns_raw = {str(name): {} for name in columns_raw}
+    s.mapping(columns_raw, f"{path}.columns")
+    columns = {}
+    for name, column in columns_raw.items():
+        where = f"{path}.columns.{name}"
+        column = column or {}
+        s.mapping(column, where)
+        s.check_keys(column, ColumnSpec, where)
+        dtype = s.optional(column, "dtype", where, str, None)
+        if dtype is not None and dtype not in DTYPES:
+            hint = nearest(dtype, list(DTYPES))
+            raise s.SpecError(f"field '{where}.dtype': {dtype!r} is not a tensor dtype{hint}. "
+                              f"Valid choices: {', '.join(DTYPES)}.")
+        shape = column.get("shape")
+        if shape is not None and (not isinstance(shape, list) or not shape or
+                                  not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+            raise s.SpecError(f"field '{where}.shape': got {s.describe(shape)}; a sample's shape is a list of "
+                              "positive whole numbers. Fix: e.g. shape: [8, 8].")
+        columns[str(name)] = ColumnSpec(column=s.optional(column, "column", where, str, None) or str(name),
+                                        dtype=dtype, shape=list(shape) if shape else None)
+    return DataSourceSpec(path=location, columns=columns,
+                          batch_size=s.integer(raw, "batch_size", path, 32, minimum=1),
+                          shuffle=s.boolean(raw, "shuffle", path, training),
+                          drop_last=s.boolean(raw, "drop_last", path, False),
+                          window=s.integer(raw, "window", path, 4, minimum=1))
+
+
+def open_source(source: DataSourceSpec, field_path: str):
+    """The ParquetSource of a data source (footers read, columns checked)."""
+    from orchestrator.data.parquet import Column, ParquetSource
+
+    columns = [Column(name, c.column or name, c.dtype, tuple(c.shape) if c.shape else None)
+               for name, c in source.columns.items()]
+    return ParquetSource(source.path, columns, field=field_path)
+
+
+def check_data_input(job) -> None:
+    """On the driver, before Ray starts: every data source opens, and the training input holds at
+    least one global batch at the smallest world size the run may have."""
+    from orchestrator.data.parquet import DataError
+
+    data: DataSpec | None = job.data
+    if data is None:
+        return
+    for name in SOURCES:
+        source: DataSourceSpec | None = getattr(data, name)
+        if source is None:
+            continue
+        opened = open_source(source, f"data.{name}")
+        if name != "train":
+            continue
+        workers = job.scaling.min_workers if job.scaling.elastic else job.scaling.num_workers
+        global_batch = job.scaling.global_batch_size or source.batch_size * workers
+        if opened.num_rows < global_batch:
+            why = ("scaling.global_batch_size" if job.scaling.global_batch_size
+                   else f"batch_size {source.batch_size} x {workers} workers")
+            raise DataError(
+                f"data.train.path: '{source.path}' holds {opened.num_rows} rows, fewer than one global batch of "
+                f"{global_batch} ({why}), "
+                "so no optimizer step could be taken. Fix: lower data.train.batch_size (or "
+                "scaling.global_batch_size / num_workers), or use more data.")

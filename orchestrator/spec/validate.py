@@ -1,0 +1,435 @@
+"""Validation: a raw spec in, a JobSpec out, or one SpecError paragraph naming the field, the
+value and the fix. An unknown key names the nearest valid key. The rules of each section live here;
+the typed readers they use are in fields.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.errors import SpecError, nearest
+from orchestrator.spec.data import parse_data
+from orchestrator.spec.deepspeed import check_deepspeed_scaling, deepspeed_args, is_deepspeed
+from orchestrator.spec.fields import (
+    boolean,
+    check_keys,
+    choice,
+    describe,
+    import_object,
+    integer,
+    mapping,
+    optional,
+    require,
+    seconds,
+)
+from orchestrator.spec.lightning import (
+    check_lightning_class,
+    check_logger_package,
+    checkpoint_settings,
+    is_model_checkpoint,
+    merge_checkpoint,
+)
+from orchestrator.spec.lightning_cli import merge_lightning_config
+from orchestrator.spec.model import (
+    DEFAULT_STORAGE,
+    LIGHTNING_STRATEGIES,
+    NAME_PATTERN,
+    OWNED_TRAINER_ARGS,
+    PLACEMENTS,
+    TORCH_STRATEGIES,
+    CheckpointSpec,
+    ClassRef,
+    FailureSpec,
+    JobSpec,
+    KeepBestSpec,
+    LightningSpec,
+    ScalingSpec,
+    TorchSpec,
+)
+
+
+def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
+    """Turn a raw mapping into a JobSpec, or raise SpecError naming the first problem found."""
+    if isinstance(raw, JobSpec):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"a job spec must be a mapping of fields, got {describe(raw)}.")
+    raw = merge_lightning_config(dict(raw))
+    check_keys(raw, JobSpec, "")
+    name = require(raw, "name", "", str, example="digits-ddp")
+    if not NAME_PATTERN.match(name):
+        raise SpecError(
+            f"field 'name': {name!r} cannot name a run directory. Fix: use letters, digits, '.', '_' "
+            "or '-' only, starting with a letter or digit (at most 128 characters), e.g. 'digits-ddp'."
+        )
+    storage = optional(raw, "storage", "", str, DEFAULT_STORAGE)
+    if not storage.strip():
+        raise SpecError("field 'storage': got an empty string. Fix: name a directory or URI, e.g. ~/orchestrator-runs.")
+    resume_from = str(optional(raw, "resume_from", "", (str,), "latest"))
+    seed = integer(raw, "seed", "", 0, minimum=0)
+
+    has_lightning = raw.get("lightning") is not None
+    has_torch = raw.get("torch") is not None
+    if has_lightning == has_torch:
+        got = "both" if has_lightning else "neither"
+        raise SpecError(
+            f"the spec has {got} of 'lightning:' and 'torch:'; it needs exactly one. Fix: use "
+            "'lightning:' with model/data class_paths for a LightningModule, or 'torch:' with "
+            "train_loop: 'module:function' for a plain PyTorch loop."
+        )
+    data = parse_data(raw.get("data"))
+    lightning, model_checkpoint = (_lightning(raw["lightning"], check_imports, data_section=data is not None)
+                                   if has_lightning else (None, {}))
+    raw_checkpoint = raw.get("checkpoint") or {}
+    if model_checkpoint:
+        mapping(raw_checkpoint, "checkpoint")
+        raw_checkpoint = merge_checkpoint(raw_checkpoint, model_checkpoint, "lightning.callbacks")
+    torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
+    scaling = _scaling(raw.get("scaling") or {})
+    if lightning is not None:
+        _check_lightning_scaling(lightning, scaling)
+        _check_logger_storage(lightning, storage)
+    return JobSpec(
+        name=name,
+        storage=storage,
+        resume_from=resume_from,
+        seed=seed,
+        lightning=lightning,
+        torch=torch_spec,
+        scaling=scaling,
+        checkpoint=_checkpoint(raw_checkpoint),
+        failure=_failure(raw.get("failure") or {}),
+        env=_env(raw.get("env") or {}),
+        data=data,
+    )
+
+
+def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tuple[LightningSpec, dict[str, Any]]:
+    """The Lightning section, and the checkpoint: fields a ModelCheckpoint among its callbacks stands for."""
+    path = "lightning"
+    mapping(raw, path)
+    check_keys(raw, LightningSpec, path)
+    model = _class_ref(require(raw, "model", path, dict), f"{path}.model", check_imports)
+    if raw.get("data") is None and data_section:
+        data = None  # the loaders come from the spec's data: section
+    elif raw.get("data") is None:
+        raise SpecError("field 'lightning.data' is required but missing. Fix: name a LightningDataModule, e.g. "
+                        "data: {class_path: jobs.digits.DigitsData}, or add a data: section with Parquet input "
+                        "(data.train.path), from which the orchestrator builds the loaders.")
+    else:
+        data = _class_ref(require(raw, "data", path, dict), f"{path}.data", check_imports)
+    if check_imports:
+        for ref, role in ((model, "model"), (data, "data")):
+            if ref is None:
+                continue
+            cls = import_object(ref.class_path, f"{path}.{role}.class_path")
+            check_lightning_class(cls, ref.class_path, f"{path}.{role}.class_path", role)
+    trainer = dict(optional(raw, "trainer", path, dict, {}))
+    if trainer.get("logger") in (False, None):
+        trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
+    strategy_value = trainer.pop("strategy", raw.get("strategy", "ddp"))
+    deepspeed = None
+    if is_deepspeed(strategy_value):
+        deepspeed, strategy = deepspeed_args(strategy_value), "deepspeed"
+    else:
+        strategy = str(strategy_value)
+    if strategy not in LIGHTNING_STRATEGIES:
+        raise SpecError(
+            f"field 'lightning.trainer.strategy': {strategy!r} is not available on the Lightning path. "
+            f"Valid choices: ddp, fsdp, deepspeed (or deepspeed_stage_1/2/3, ..._offload). Fix: set strategy: "
+            "ddp, or fsdp to shard the model over the ranks with PyTorch."
+        )
+    _check_trainer_args(trainer, f"{path}.trainer")
+    if trainer.get("max_epochs") is None and trainer.get("max_steps") in (None, -1):
+        raise SpecError(
+            "field 'lightning.trainer': neither max_epochs nor max_steps is set, so training would run "
+            "for Lightning's default of 1000 epochs. Fix: set lightning.trainer.max_epochs (e.g. 5) "
+            "or lightning.trainer.max_steps."
+        )
+    callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks", check_imports)
+    loggers = _loggers(raw.get("logger"), f"{path}.logger", check_imports)
+    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy, deepspeed=deepspeed,
+                         callbacks=callbacks, logger=loggers), model_checkpoint
+
+
+def _loggers(raw: Any, path: str, check_imports: bool) -> list[ClassRef]:
+    if raw is None or raw is False:
+        return []
+    items = [raw] if isinstance(raw, Mapping) else raw
+    if not isinstance(items, (list, tuple)):
+        raise SpecError(f"field '{path}': got {describe(raw)}; it must be one {{class_path, init_args}} or a list "
+                        "of them. Fix: e.g. logger: {class_path: lightning.pytorch.loggers.CSVLogger}.")
+    loggers = []
+    for i, item in enumerate(items):
+        where = path if isinstance(raw, Mapping) else f"{path}[{i}]"
+        mapping(item, where)
+        ref = _class_ref(item, where, check_imports)
+        if check_imports:
+            cls = import_object(ref.class_path, f"{where}.class_path")
+            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "logger")
+            check_logger_package(cls, ref.class_path, f"{where}.class_path")
+        loggers.append(ref)
+    return loggers
+
+
+def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef], dict[str, Any]]:
+    if raw is None:
+        return [], {}
+    if not isinstance(raw, (list, tuple)):
+        raise SpecError(f"field '{path}': got {describe(raw)}; it must be a list of {{class_path, init_args}}. "
+                        "Fix: e.g. callbacks: [{class_path: lightning.pytorch.callbacks.EarlyStopping, "
+                        "init_args: {monitor: val_loss}}].")
+    callbacks, model_checkpoint = [], {}
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        mapping(item, where)
+        ref = _class_ref(item, where, check_imports)
+        cls = import_object(ref.class_path, f"{where}.class_path") if check_imports else None
+        if cls is not None:
+            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "callbacks")
+        if is_model_checkpoint(ref.class_path, cls):
+            if model_checkpoint:
+                raise SpecError(f"field '{where}': a second ModelCheckpoint; the run has one store and one "
+                                "retention policy. Fix: keep one ModelCheckpoint (or none, and use checkpoint:).")
+            model_checkpoint = checkpoint_settings(ref.init_args, where)
+            continue
+        callbacks.append(ref)
+    return callbacks, model_checkpoint
+
+
+def _check_lightning_scaling(lightning: LightningSpec, scaling: ScalingSpec) -> None:
+    """Trainer arguments whose meaning depends on the world size cannot go with an elastic one."""
+    if lightning.deepspeed is not None:
+        check_deepspeed_scaling(lightning.deepspeed, elastic=scaling.min_workers != scaling.num_workers,
+                                use_gpu=scaling.use_gpu, trainer=lightning.trainer,
+                                global_batch_size=scaling.global_batch_size)
+    accumulate = lightning.trainer.get("accumulate_grad_batches")
+    if accumulate is None:
+        return
+    if scaling.global_batch_size is not None:
+        raise SpecError(
+            f"field 'lightning.trainer.accumulate_grad_batches': {accumulate} is set together with "
+            f"scaling.global_batch_size {scaling.global_batch_size}, and the orchestrator chooses the "
+            "accumulation itself from the global batch, the world size and the loader's batch_size. "
+            "Fix: remove accumulate_grad_batches (the loader's batch_size is the largest micro-batch).")
+    if scaling.min_workers != scaling.num_workers:
+        raise SpecError(
+            f"field 'lightning.trainer.accumulate_grad_batches': {accumulate} cannot resize with "
+            f"scaling.num_workers [{scaling.min_workers}, {scaling.num_workers}]: a fixed accumulation "
+            "makes the samples per optimizer step change with the world size. Fix: remove it and set "
+            "scaling.global_batch_size (held constant at every size; the accumulation is chosen for you).")
+
+
+def _check_logger_storage(lightning: LightningSpec, storage: str) -> None:
+    """Loggers write into the run directory only when it is a filesystem path."""
+    if "://" not in storage or storage.startswith("file://"):
+        return
+    for i, ref in enumerate(lightning.logger):
+        if "save_dir" not in ref.init_args and "tracking_uri" not in ref.init_args:
+            raise SpecError(
+                f"field 'lightning.logger': {ref.class_path} would write into the run directory, but storage "
+                f"{storage!r} is an object store, where Lightning's loggers do not write by default. Fix: set "
+                f"lightning.logger{'' if len(lightning.logger) == 1 else f'[{i}]'}.init_args.save_dir to a "
+                "directory (a shared mount, so that the logs outlive the node), or, for MLFlowLogger, "
+                "init_args.tracking_uri to your MLflow server."
+            )
+
+
+def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    valid = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    for key in trainer:
+        if key in OWNED_TRAINER_ARGS:
+            raise SpecError(
+                f"field '{path}.{key}': the orchestrator sets this Trainer argument itself "
+                f"({OWNED_TRAINER_ARGS[key]}). Fix: remove '{key}' from {path}."
+            )
+        if key not in valid:
+            raise SpecError(
+                f"field '{path}.{key}': {key!r} is not an argument of lightning.Trainer"
+                f"{nearest(key, valid)}. Fix: use one of Trainer's arguments "
+                "(max_epochs, max_steps, precision, accumulate_grad_batches, gradient_clip_val, ...)."
+            )
+    for key in ("max_epochs", "max_steps", "accumulate_grad_batches"):
+        if key in trainer and trainer[key] is not None:
+            integer(trainer, key, path, None, minimum=-1 if key == "max_steps" else 1)
+
+
+def _torch(raw: Any, check_imports: bool) -> TorchSpec:
+    path = "torch"
+    mapping(raw, path)
+    check_keys(raw, TorchSpec, path)
+    loop = require(raw, "train_loop", path, str, example="jobs.digits_torch:train_loop")
+    if check_imports:
+        func = import_object(loop, f"{path}.train_loop")
+        if not callable(func):
+            raise SpecError(f"field '{path}.train_loop': {loop!r} is {describe(func)}, not a function. "
+                            "Fix: name a function train_loop(ctx).")
+    config = dict(optional(raw, "config", path, dict, {}))
+    max_epochs = integer(raw, "max_epochs", path, None, minimum=1)
+    max_steps = integer(raw, "max_steps", path, None, minimum=1)
+    if max_epochs is None and max_steps is None:
+        raise SpecError(
+            "field 'torch': neither max_epochs nor max_steps is set, so the run would never end. "
+            "Fix: set torch.max_epochs (e.g. 5) or torch.max_steps (e.g. 1000)."
+        )
+    strategy = choice(raw, "strategy", path, TORCH_STRATEGIES, "ddp")
+    return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps, strategy=strategy)
+
+
+def _scaling(raw: Any) -> ScalingSpec:
+    path = "scaling"
+    mapping(raw, path)
+    check_keys(raw, ScalingSpec, path)
+    workers = raw.get("num_workers", 2)
+    if raw.get("min_workers") is not None and isinstance(workers, int) and not isinstance(workers, bool):
+        workers = [raw["min_workers"], workers]  # the form JobSpec.to_dict() writes
+    low, high = _worker_range(workers)
+    global_batch = integer(raw, "global_batch_size", path, None, minimum=1)
+    if global_batch is not None:
+        _check_global_batch(global_batch, low, high)
+    use_gpu = boolean(raw, "use_gpu", path, False)
+    resources = optional(raw, "resources_per_worker", path, dict, {"CPU": 1.0})
+    for key, value in resources.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SpecError(
+                f"field 'scaling.resources_per_worker.{key}': got {value!r}; a resource amount must be a "
+                "non-negative number. Fix: write e.g. resources_per_worker: {CPU: 1}."
+            )
+    placement = choice(raw, "placement", path, PLACEMENTS, "spread")
+    return ScalingSpec(
+        num_workers=high,
+        min_workers=low,
+        resize_interval_s=seconds(raw, "resize_interval_s", path, 30.0, minimum=1.0),
+        global_batch_size=global_batch,
+        use_gpu=use_gpu,
+        resources_per_worker={str(k): float(v) for k, v in resources.items()},
+        placement=placement,
+    )
+
+
+def _worker_range(value: Any) -> tuple[int, int]:
+    """scaling.num_workers: a whole number, or an elastic [min, max]."""
+    where = "field 'scaling.num_workers'"
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise SpecError(f"{where}: got {list(value)!r}; an elastic size is two whole numbers [min, max]. "
+                            "Fix: e.g. num_workers: [2, 4] (or one number for a fixed size).")
+        low, high = value
+        if low < 1:
+            raise SpecError(f"{where}: [{low}, {high}] has min {low}, but at least one worker must train. "
+                            f"Fix: num_workers: [1, {max(high, 1)}].")
+        if low > high:
+            raise SpecError(f"{where}: [{low}, {high}] has min {low} above max {high}. "
+                            f"Fix: num_workers: [{high}, {low}].")
+        return low, high
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}: got {describe(value)}, expected a whole number >= 1 or an elastic range "
+                        "[min, max]. Fix: e.g. num_workers: 2 or num_workers: [1, 4].")
+    if value < 1:
+        raise SpecError(f"{where}: got {value}, but it must be at least 1. Fix: set scaling.num_workers to 1 or more.")
+    return value, value
+
+
+def _check_global_batch(global_batch: int, low: int, high: int) -> None:
+    from orchestrator.data.order import nearest_splittable, sizes_that_split
+
+    bad = [w for w in range(low, high + 1) if global_batch % w]
+    if not bad:
+        return
+    sizes = "[" + f"{low}, {high}" + "]" if low != high else str(low)
+    works = sizes_that_split(global_batch, low, high)
+    nearest = nearest_splittable(global_batch, low, high)
+    raise SpecError(
+        f"field 'scaling.global_batch_size': {global_batch} does not split evenly over "
+        f"{', '.join(map(str, bad))} worker(s), a size that scaling.num_workers {sizes} allows; every worker "
+        "takes the same share of each global batch. "
+        + (f"Sizes in range that split it: {', '.join(map(str, works))}. " if works else "")
+        + f"Fix: global_batch_size: {nearest} (the nearest that every size from {low} to {high} splits), "
+        "or narrow num_workers to sizes that split it."
+    )
+
+
+_CHECKPOINT_ALIASES = {"async": "async_save"}
+
+
+def _checkpoint(raw: Any) -> CheckpointSpec:
+    path = "checkpoint"
+    mapping(raw, path)
+    raw = {_CHECKPOINT_ALIASES.get(k, k): v for k, v in raw.items()}
+    check_keys(raw, CheckpointSpec, path, extra=("async",))
+    every_s = raw.get("every_n_seconds")
+    if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0):
+        raise SpecError(
+            f"field 'checkpoint.every_n_seconds': got {every_s!r}; it must be a positive number of seconds "
+            "or null. Fix: e.g. every_n_seconds: 600."
+        )
+    return CheckpointSpec(
+        every_n_steps=integer(raw, "every_n_steps", path, None, minimum=1),
+        every_n_seconds=float(every_s) if every_s is not None else None,
+        at_epoch_end=boolean(raw, "at_epoch_end", path, True),
+        # Written out as null: keep every checkpoint (absent: the default, 3).
+        keep_last=None if "keep_last" in raw and raw["keep_last"] is None else integer(raw, "keep_last", path, 3,
+                                                                                     minimum=1),
+        keep_best=_keep_best(raw.get("keep_best")),
+        async_save=boolean(raw, "async_save", path, True),
+        on_preemption=boolean(raw, "on_preemption", path, True),
+    )
+
+
+def _keep_best(raw: Any) -> KeepBestSpec | None:
+    if raw is None:
+        return None
+    path = "checkpoint.keep_best"
+    mapping(raw, path)
+    check_keys(raw, KeepBestSpec, path)
+    monitor = require(raw, "monitor", path, str, example="val_loss")
+    return KeepBestSpec(k=integer(raw, "k", path, 1, minimum=1), monitor=monitor,
+                        mode=choice(raw, "mode", path, ("min", "max"), "min"))
+
+
+def _failure(raw: Any) -> FailureSpec:
+    path = "failure"
+    mapping(raw, path)
+    check_keys(raw, FailureSpec, path)
+    return FailureSpec(max_failures=integer(raw, "max_failures", path, 3, minimum=-1),
+                       max_preemptions=integer(raw, "max_preemptions", path, -1, minimum=-1),
+                       hang_timeout_s=seconds(raw, "hang_timeout_s", path, 60.0, minimum=5.0),
+                       startup_timeout_s=seconds(raw, "startup_timeout_s", path, 1800.0, minimum=5.0),
+                       checkpoint_timeout_s=seconds(raw, "checkpoint_timeout_s", path, 1800.0, minimum=5.0),
+                       finish_timeout_s=seconds(raw, "finish_timeout_s", path, 1800.0, minimum=5.0),
+                       capacity_timeout_s=seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0))
+
+
+def _env(raw: Any) -> dict[str, str]:
+    mapping(raw, "env")
+    env = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise SpecError(f"field 'env': {key!r} is not a valid environment variable name. "
+                            "Fix: use letters, digits and '_'.")
+        if isinstance(value, (dict, list)) or value is None:
+            raise SpecError(f"field 'env.{key}': got {describe(value)}; environment values must be strings "
+                            f"or numbers. Fix: quote it, e.g. {key}: \"1\".")
+        env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def _class_ref(raw: dict[str, Any], path: str, check_imports: bool) -> ClassRef:
+    allowed = ("class_path", "init_args")
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(f"field '{path}.{key}' is not a valid key{nearest(key, allowed)}. "
+                            "Valid keys: class_path, init_args.")
+    class_path = require(raw, "class_path", path, str, example="jobs.digits.DigitsClassifier")
+    init_args = optional(raw, "init_args", path, dict, {})
+    if check_imports:
+        obj = import_object(class_path, f"{path}.class_path")
+        if not isinstance(obj, type):
+            raise SpecError(f"field '{path}.class_path': {class_path!r} is {describe(obj)}, not a class. "
+                            "Fix: name the class itself.")
+    return ClassRef(class_path=class_path, init_args=dict(init_args))

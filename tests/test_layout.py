@@ -1,0 +1,137 @@
+"""The package's layout keeps its rules: no import circle, no import from a lower layer to a higher
+one, `import orchestrator` loads neither torch nor Ray, and a spec mistake is refused at once."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "orchestrator")
+# Lowest first. A module may import from its own layer and the ones below it, never above.
+LAYERS = [
+    ("orchestrator.errors", "orchestrator.storage", "orchestrator.run_dir", "orchestrator.failures"),
+    ("orchestrator.data",),
+    ("orchestrator.spec",),
+    ("orchestrator.cluster",),
+    ("orchestrator.checkpoint",),
+    ("orchestrator.observe",),
+    ("orchestrator.runtime",),
+    ("orchestrator.driver",),
+    ("orchestrator.cli", "orchestrator.__main__"),
+]
+# Modules longer than MAX_LINES, each holding one idea that splitting would scatter.
+MAX_LINES = 420
+LONG_BUT_ONE_IDEA = {
+    "orchestrator.checkpoint.store": "the commit protocol: reading, committing, sharded commits, deleting",
+    "orchestrator.checkpoint.lease": "one writer per run: claims, heartbeats, takeover, fence",
+    "orchestrator.runtime.lightning.fit": "the Lightning harness: its callback, CheckpointIO and resume",
+    "orchestrator.runtime.torch.loop": "the ctx API: TrainContext and its resumable loader",
+    "orchestrator.runtime.session": "a worker's session: resume point, saving, progress",
+    "orchestrator.driver.doctor": "the preflight checks, each a short function",
+    "orchestrator.spec.validate": "the validation rules of every section",
+}
+
+
+def modules() -> dict[str, str]:
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, lazily imported ones included."""
+    mods = modules()
+    graph = {m: set() for m in mods}
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n for n in subs if n in mods] or [node.module]
+            else:
+                continue
+            graph[module].update(n for n in names if n in mods and n != module)
+    return graph
+
+
+def layer(module: str) -> int | None:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None  # the package itself: the public API, above everything
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph()
+    upward = [(m, n) for m, targets in graph.items() for n in targets
+              if layer(m) is not None and (layer(n) is None or layer(n) > layer(m))]
+    assert upward == []
+    assert all(layer(m) is not None for m in graph if m != "orchestrator"), "a module outside every layer"
+
+
+def test_modules_stay_short_unless_they_hold_one_idea():
+    long = {m for m, path in modules().items() if sum(1 for _ in open(path)) > MAX_LINES}
+    assert long == set(LONG_BUT_ONE_IDEA)
+
+
+def test_importing_the_package_loads_neither_torch_nor_ray():
+    code = "import sys, orchestrator; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_spec_with_an_unknown_key_is_refused_within_a_second(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ntorch: {train_loop: jobs.digits_torch:train_loop, max_steps: 5}\nscalling: {}\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(spec)], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    took = time.monotonic() - start
+    assert done.returncode == 2 and "did you mean 'scaling'" in done.stderr, done.stderr
+    assert took < 2.0, f"{took:.2f} s (the goal is under 1 s; the bound leaves slack for a loaded machine)"
