@@ -369,7 +369,7 @@ class FailureClassifier(ray.train.UserCallback):
         for record in records:
             if record.fault == GPU and record.kind == INFRASTRUCTURE:
                 record.note = drain_advice(record)
-        kind = overall(records, verdict, stopping)
+        kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
         payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict}
         try:
             ray.get(self.monitor.push.remote("failure", **payload), timeout=10)
@@ -377,6 +377,8 @@ class FailureClassifier(ray.train.UserCallback):
             log.warning("could not record the failure with the run monitor: %s", exc)
         if kind == STOPPED:  # the driver is stopping the run: a failure now is no reason to start again
             raise RunStoppedOnController("the run was asked to stop; the worker group is not restarted")
+        if view.get("taken_over"):  # the driver learnt it first, and ended the workers itself
+            raise RunTakenOver(view["taken_over"], [])
         if kind in (TAKEN_OVER, USER):
             ended = [r for r in records if r.kind == kind]
             error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed

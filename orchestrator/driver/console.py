@@ -237,13 +237,7 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
             "from it.")
     root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error
     if isinstance(root, RunTakenOver):
-        # LeaseLost's own text says what happened and who holds the run now; its advice is given here.
-        lost = root.records[0]["error"] if root.records else root.message
-        taken = lost.removeprefix("LeaseLost: ").split(" This writer stops")[0].rstrip(".")
-        return (f"run '{job.name}' stopped on this driver: another driver took the run over ({taken}). This "
-                "driver's workers stopped without a retry, and it leaves the run directory, summary.json included, "
-                "to the newer driver, which continues the run from the newest committed checkpoint. Fix: nothing "
-                "if that driver is meant to run it; otherwise stop it and run the same command here again.")
+        return taken_over_message(job.name, root.records[0]["error"] if root.records else root.message)
     if isinstance(root, UserCodeFailed):
         first = root.records[0] if root.records else {"rank": 0}
         log_file = f"{logs}/rank-{first['rank']}.log" if logs else "Ray's worker logs (ray logs)"
@@ -271,3 +265,13 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
     text = [line for line in str(root).strip().splitlines() if line.strip()]
     tail = text[-1] if text else type(root).__name__
     return f"run '{job.name}' failed: {tail}. Worker logs: {logs or 'ray logs'}. {kept}"
+
+
+def taken_over_message(name: str, lost: str) -> str:
+    """Why a run stopped on this driver when another took it over; `lost` is LeaseLost's text, which
+    says who holds the run now (its advice is given here)."""
+    taken = lost.removeprefix("LeaseLost: ").split(" This writer stops")[0].rstrip(".")
+    return (f"run '{name}' stopped on this driver: another driver took the run over ({taken}). This driver's "
+            "workers stopped without a retry, and it leaves the run directory, summary.json included, to the newer "
+            "driver, which continues the run from the newest committed checkpoint. Fix: nothing if that driver is "
+            "meant to run it; otherwise stop it and run the same command here again.")

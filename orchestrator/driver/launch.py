@@ -23,7 +23,7 @@ from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import LeaseLost, RunLease
 from orchestrator.cluster import connection as cluster
 from orchestrator.driver import resume
-from orchestrator.driver.console import Console, RunWatcher, describe_failure
+from orchestrator.driver.console import Console, RunWatcher, describe_failure, taken_over_message
 from orchestrator.driver.monitor import start_monitor
 from orchestrator.driver.recovery import recovery_settings
 from orchestrator.driver.signals import StopSignals
@@ -126,8 +126,8 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             fast_exit = process_exits and (connection.embedded or connection.warm)
             attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, done_when_finished=fast_exit)
             result, error = attempt.fit(trainer)
-            if run_lease.lost is not None:
-                raise run_lease.lost  # the run is the newer driver's now, summary.json too
+            if run_lease.lost is not None:  # the run is the newer driver's now, summary.json too
+                raise TrainingFailed(taken_over_message(job.name, str(run_lease.lost)))
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
             _save_summary(run_dir, result, say)
         finally:
@@ -200,8 +200,7 @@ class _Attempt:
             if self.run_lease.lost is not None and aborting_since is None:
                 # Another driver holds the run now: end this one's workers at once, with no restart
                 # (their commits are fenced off already), rather than at their next checkpoint.
-                self.monitor.request_stop.remote(time.time())
-                self.monitor.abort.remote(f"this driver lost the run to another driver: {self.run_lease.lost}")
+                self.monitor.take_over.remote(str(self.run_lease.lost))
                 aborting_since = time.monotonic()
             if self.signals.received and not summarized and self.run_lease.lost is None:
                 summarized = True

@@ -43,6 +43,8 @@ class RunMonitor:
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
+        # Set when another driver took the run over: why (LeaseLost's text).
+        self._taken_over: str | None = None
         # Per worker group: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
 
@@ -90,12 +92,20 @@ class RunMonitor:
         earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
                    if e["kind"] == "failure" for r in e["ranks"] if r.get("signature")]
         return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places,
+                "taken_over": self._taken_over,
                 "earlier": earlier}
 
     def request_stop(self, deadline: float) -> None:
         if self._stop_requested is None:
             self._stop_requested = deadline
             self.push("stop_requested", deadline=deadline)
+
+    def take_over(self, reason: str) -> None:
+        """Another driver took the run over (the lease's heartbeat noticed): end the current worker
+        group now, without a restart, its failure classified as taken_over."""
+        self._taken_over = reason
+        self.request_stop(time.time())
+        self._abort_reason = f"this driver lost the run to another driver: {reason}"
 
     def abort(self, reason: str) -> None:
         """End the current worker group now (a stop whose grace period ran out)."""
