@@ -21,12 +21,18 @@ def state_dir() -> Path:
 def end_processes(pids: list[int], grace_s: float) -> None:
     """SIGTERM the processes and give them `grace_s` to end, then SIGKILL what is left
     (`grace_s` 0: SIGKILL at once)."""
-    if grace_s > 0:
-        _signal(pids, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(is_alive(p) for p in pids):
-            time.sleep(0.1)
+    terminate(pids, grace_s)
     _signal([p for p in pids if is_alive(p)], signal.SIGKILL)
+
+
+def terminate(pids: list[int], grace_s: float) -> None:
+    """SIGTERM the processes and wait up to `grace_s` for them to end (nothing when 0)."""
+    if grace_s <= 0:
+        return
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+        time.sleep(0.1)
 
 
 def _signal(pids: list[int], signum: int) -> None:

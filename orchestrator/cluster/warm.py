@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from orchestrator.cluster.environment import QUIET_RAY_ENV
-from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
+from orchestrator.cluster.processes import end_processes, session_pids, state_dir, terminate
 from orchestrator.errors import UserError
 
 RECORD_NAME = "warm-cluster.json"
@@ -160,14 +159,8 @@ def _raylet_up(session_dir: str) -> bool:
 def _stop(keeper_pid: int, session_dir: str) -> None:
     """Stop the cluster: its keeper first, which stops and reaps its processes; then anything of
     the session left (SIGTERM, a grace, SIGKILL), the keeper last, so that it reaps the others."""
-    keeper = [keeper_pid] if keeper_pid > 0 and is_alive(keeper_pid) else []
-    if keeper:
-        os.kill(keeper_pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while is_alive(keeper_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    others = [pid for pid in session_pids(session_dir) if pid != keeper_pid]
-    end_processes(others, grace_s=STOP_GRACE_S)
-    end_processes([pid for pid in session_pids(session_dir) if pid != keeper_pid], grace_s=0)  # started meanwhile
-    if keeper_pid > 0:
-        end_processes([keeper_pid], grace_s=1.0)
+    keeper = [keeper_pid] if keeper_pid > 0 else []
+    terminate(keeper, grace_s=STOP_GRACE_S)
+    end_processes([pid for pid in session_pids(session_dir) if pid not in keeper], grace_s=STOP_GRACE_S)
+    end_processes([pid for pid in session_pids(session_dir) if pid not in keeper], grace_s=0)  # started meanwhile
+    end_processes(keeper, grace_s=1.0)
