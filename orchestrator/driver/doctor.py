@@ -42,6 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator import storage
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
+from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.observe.checkpoints import text_table
 from orchestrator.spec import DEFAULT_STORAGE, FailureSpec, JobSpec
 
@@ -162,7 +163,7 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
     # A malformed URI fails before Ray starts (and a relative path under `ray job submit`).
     root = storage.resolve_root(storage_uri) if storage_uri else None
     check_gloo = check_gloo or bool(spec and spec.scaling.use_gpu)
-    env = {**(spec.env if spec else {}), **cluster.QUIET_RAY_ENV}
+    env = {**(spec.env if spec else {}), **QUIET_RAY_ENV}
     connection = cluster.connect(address, job_env=env)
     try:
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")),

@@ -22,6 +22,7 @@ from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import LeaseLost, RunLease
 from orchestrator.cluster import connection as cluster
+from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.driver import resume
 from orchestrator.driver.console import Console, RunWatcher, describe_failure, taken_over_message
 from orchestrator.driver.monitor import start_monitor
@@ -100,7 +101,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         say(f"note: {branched}")
 
     started = time.time()
-    worker_env = {**job.env, **cluster.QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
+    worker_env = {**job.env, **QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
     with recovery_settings(job.failure, job.scaling) as controller_env:
         result: RunResult | None = None
         error: BaseException | None = None
@@ -230,10 +231,9 @@ class _Attempt:
     def _stop_committed(self) -> bool:
         """Whether rank 0 reported the end of a stopped run (its stop checkpoint committed)."""
         try:
-            events = ray.get(self.monitor.events_since.remote(0), timeout=5)
+            return ray.get(self.monitor.finished.remote(stopped=True), timeout=5)
         except Exception:  # noqa: BLE001 - then the summary is written when fit() returns
             return False
-        return any(e["kind"] == "finished" and e.get("stopped") for e in events)
 
     def _request_stop(self, deadline_monotonic: float) -> None:
         grace = max(0.0, deadline_monotonic - time.monotonic())

@@ -57,9 +57,10 @@ class RunMonitor:
     def events_since(self, index: int) -> list[dict[str, Any]]:
         return self._events[index:]
 
-    def finished(self) -> bool:
-        """Whether rank 0 reported the end of training, every checkpoint committed (not a stop)."""
-        return any(e["kind"] == "finished" and not e.get("stopped") for e in self._events)
+    def finished(self, stopped: bool = False) -> bool:
+        """Whether rank 0 reported the end of training, every checkpoint committed: of a run that
+        ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
+        return any(e["kind"] == "finished" and bool(e.get("stopped")) == stopped for e in self._events)
 
     def begin_group(self, world_size: int) -> dict[str, Any]:
         """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
