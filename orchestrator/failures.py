@@ -21,7 +21,7 @@ Two refinements need more than one exception:
   the user's (their data) and stops. A GPU fault counts so only when it came back on another node.
 
 A worker's exception is classified where it was raised (the worker still has its traceback);
-errors of workers that died are classified on Ray Train's controller (`FailureClassifier`).
+errors of workers that died are classified on Ray Train's controller (driver/classifier.py).
 When one rank's bug makes its peers see only communication errors, the run fails as that bug.
 """
 
@@ -31,13 +31,11 @@ import errno
 import hashlib
 import logging
 import os
+import sys
 import sysconfig
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
-
-import ray
-import ray.train
 
 from orchestrator.errors import LeaseLost, OrchestratorError, UserError
 
@@ -109,7 +107,10 @@ def _is_infrastructure(exc: BaseException) -> bool:
         return exc.kind != USER
     if isinstance(exc, TransientStartError):
         return True
-    if isinstance(exc, ray.exceptions.RayError):
+    # Ray is not imported here (a torchrun script's child process classifies its own errors without
+    # it); an exception of Ray's can only exist where Ray was imported.
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(exc, ray.exceptions.RayError):
         return not isinstance(exc, ray.exceptions.RayTaskError)  # a task error wraps user code
     try:
         from torch.distributed import DistError
@@ -265,11 +266,16 @@ class UserCodeFailed(_EndedOnController):
     (`repeated` records): retrying cannot help."""
 
 
+class RestartsExhausted(_EndedOnController):
+    """A torchrun script's run used up failure.max_failures with in-place restarts and group restarts
+    together (Ray Train counts only the latter)."""
+
+
 class RunTakenOver(_EndedOnController):
     """A newer driver took the run over (LeaseLost): this one stops, and retrying is not its to do."""
 
 
-_DIED = "the worker process died or became unreachable"
+DIED = "the worker process died or became unreachable"
 
 
 def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:
@@ -281,7 +287,9 @@ def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> 
         return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
     if name == "WorkerHealthCheckFailedError":
         cause = getattr(exc, "health_check_failure", None)
-        what = _DIED
+        what = DIED
+        import ray
+
         if isinstance(cause, ray.exceptions.RayActorError):
             what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
         return FailureRecord(rank, INFRASTRUCTURE, what)
@@ -335,51 +343,3 @@ def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping:
         if kind in kinds:
             return kind
     return HANG if hang or HANG in kinds else INFRASTRUCTURE
-
-
-class FailureClassifier(ray.train.UserCallback):
-    """Runs on Ray Train's controller each time workers fail, before it decides to retry.
-
-    Records the failure (its classification per rank) with the run monitor, and ends the run at
-    once when the training code itself raised, when an error came back at the same step after a
-    restart, or when another driver took the run over: Ray Train treats an exception raised here
-    as a controller error it does not retry.
-    """
-
-    def __init__(self, monitor, hang_timeout_s: float):
-        self.monitor = monitor
-        self.hang_timeout_s = hang_timeout_s
-
-    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
-        records = [describe_ray_error(rank, exc, self.hang_timeout_s)
-                   for rank, exc in sorted(worker_exceptions.items())]
-        try:
-            view = ray.get(self.monitor.failure_context.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - the classification still stands without the monitor's view
-            view = {"hang": None, "stopping": False, "places": {}}
-        verdict, stopping = view["hang"], view["stopping"]
-        for record in records:
-            place = view["places"].get(record.rank) or {}
-            record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
-            record.hostname = place.get("hostname", "")
-            if verdict and record.error.startswith(_DIED):
-                # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
-                record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
-        mark_repeats(records, view.get("earlier", []))
-        for record in records:
-            if record.fault == GPU and record.kind == INFRASTRUCTURE:
-                record.note = drain_advice(record)
-        kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
-        payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict}
-        try:
-            ray.get(self.monitor.push.remote("failure", **payload), timeout=10)
-        except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
-            log.warning("could not record the failure with the run monitor: %s", exc)
-        if kind == STOPPED:  # the driver is stopping the run: a failure now is no reason to start again
-            raise RunStoppedOnController("the run was asked to stop; the worker group is not restarted")
-        if view.get("taken_over"):  # the driver learnt it first, and ended the workers itself
-            raise RunTakenOver(view["taken_over"], [])
-        if kind in (TAKEN_OVER, USER):
-            ended = [r for r in records if r.kind == kind]
-            error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed
-            raise error("; ".join(r.describe() for r in ended), [asdict(r) for r in ended])

@@ -49,10 +49,16 @@ def handle(args: argparse.Namespace) -> int:
     try:
         run(spec, address=args.address, overwrite=args.overwrite, _process_exits=True)
     except RunStopped as exc:
-        print(f"stopped: {exc}", file=sys.stderr)
-        code = EXIT_CODES.get(exc.signal_name, 130)
-    else:
-        code = EXIT_OK
+        return finish_process(exc)
+    return finish_process(None)
+
+
+def finish_process(stopped: RunStopped | None) -> int:
+    """End the process after a finished (None) or stopped run, with its exit code."""
+    code = EXIT_OK
+    if stopped is not None:
+        print(f"stopped: {stopped}", file=sys.stderr)
+        code = EXIT_CODES.get(stopped.signal_name, 130)
     # Finished or stopped, summary written, lease released, Ray left (an embedded cluster's
     # processes ended): leave now. The interpreter's own teardown took 1.6 s after a stop here,
     # time `ray job stop` may not give, and Ray's exit handlers would wait on the cluster just ended.

@@ -19,7 +19,7 @@ import ray
 import ray.train
 
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
-from orchestrator.failures import RunTakenOver, UserCodeFailed
+from orchestrator.failures import RestartsExhausted, RunTakenOver, UserCodeFailed
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
@@ -76,7 +76,8 @@ class RunWatcher:
         self._starts = 0
         self._size = 0
         self._warned: set[str] = set()
-        max_epochs = job.lightning.trainer.get("max_epochs") if job.lightning else job.torch.max_epochs
+        max_epochs = (job.lightning.trainer.get("max_epochs") if job.lightning else
+                      job.torch.max_epochs if job.torch else None)
         self._epochs = f"/{max_epochs}" if max_epochs else ""
         # Capacity: whether a worker group is up, and the waits for placement measured.
         self._up = False
@@ -174,7 +175,25 @@ class RunWatcher:
             if before and size != before:
                 return f"resized: {before} -> {size} workers, {where}{_batch_note(self.job, size)}"
             prefix = "restarted: " if self._starts > 1 else ""
+            if self.job.script is not None:
+                nodes = size // self.job.script.nproc_per_node
+                return f"{prefix}{size} ranks up ({nodes} node(s) x {self.job.script.nproc_per_node})"
             return f"{prefix}{size} workers up, {where}"
+        if kind == "output":  # a script's rank 0, as torchrun shows it
+            return "\n".join(event["lines"])
+        if kind == "progress" and event.get("script"):
+            return f"step {event['step']:>6}"
+        if kind == "restart_in_place":
+            failure = event["failure"]
+            budget = "unlimited" if event["max_restarts"] < 0 else f"{event['max_restarts']}"
+            where = f" at {failure['where']}" if failure.get("where") else ""
+            return (f"rank {failure['rank']} failed ({failure['kind']}): {failure['error']}{where}; restarting every "
+                    f"rank in place (restart {event['restarts']} of {budget}, TORCHELASTIC_RESTART_COUNT="
+                    f"{event['restarts']})")
+        if kind == "stacks":
+            ranks = sorted(event["ranks"].items(), key=lambda item: int(item[0]))
+            return "stacks of the hung ranks are in their logs: " + "; ".join(
+                f"rank {rank} was at {where}" for rank, where in ranks)
         if kind == "progress":
             metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event["metrics"].items()))
             # Mid-epoch events carry the epoch in progress (0-based); boundary events the epochs done.
@@ -235,6 +254,9 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
     logs = RunDir(run_dir).logs
     kept = ("The newest committed checkpoint is kept; fix the cause and run the same command again to resume "
             "from it.")
+    if job.script is not None:
+        kept = ("The script's own checkpoints are untouched; fix the cause and run the same command again (a script "
+                "that resumes from its latest checkpoint goes on from there).")
     root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error
     if isinstance(root, RunTakenOver):
         return taken_over_message(job.name, root.records[0]["error"] if root.records else root.message)
@@ -250,6 +272,8 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
             "is deterministic (the data at that step, the code, or access to storage), not the infrastructure, and "
             "it was not retried again.")
         return f"run '{job.name}' failed on {attempt}: {root.message}. {why} Full traceback: {log_file}. {kept}"
+    if isinstance(root, RestartsExhausted):
+        return f"run '{job.name}' failed: {root.message}. Logs: {logs or 'ray logs'}. {kept}"
     if type(root).__name__ == "WorkerGroupStartupTimeoutError":
         why = capacity_shortfall(job) or (watcher.last_shortfall if watcher else None) or \
             "the cluster did not place the workers in time"

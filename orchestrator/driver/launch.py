@@ -24,12 +24,12 @@ from orchestrator.checkpoint.lease import LeaseLost, RunLease
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.driver import resume
+from orchestrator.driver.classifier import FailureClassifier
 from orchestrator.driver.console import Console, RunWatcher, describe_failure, taken_over_message
 from orchestrator.driver.monitor import start_monitor
 from orchestrator.driver.recovery import recovery_settings
 from orchestrator.driver.signals import StopSignals
 from orchestrator.errors import RunStopped, TrainingFailed
-from orchestrator.failures import FailureClassifier
 from orchestrator.observe.goodput import compute as compute_goodput
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
@@ -112,11 +112,13 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")
         try:
-            monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits)
+            monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits,
+                                    max_restarts=job.failure.max_failures if job.kind == "script" else None)
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, lease_generation=run_lease.generation,
                                    lease_nonce=run_lease.nonce,
-                                   storage_nonce=write_storage_marker(layout, socket.gethostname()))
+                                   storage_nonce=write_storage_marker(layout, socket.gethostname()),
+                                   script_context=_script_context() if job.kind == "script" else None)
             trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
             where = metrics_endpoint()
             if where:
@@ -303,6 +305,16 @@ def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, st
             worker_runtime_env={"env_vars": worker_env} if worker_env else None,
         ),
     )
+
+
+# Variables of the user's shell that reach a script's ranks, as they would under torchrun.
+SHELL_PREFIXES = ("NCCL_", "TORCH_", "GLOO_")
+SHELL_VARIABLES = ("OMP_NUM_THREADS",)
+
+
+def _script_context() -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
+    return {"cwd": os.getcwd(), "env": env}
 
 
 def _worker_pythonpath() -> str:

@@ -18,10 +18,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from orchestrator.driver.rounds import RESTART, InPlaceRounds
 from orchestrator.driver.watchdog import Beat, HangWatchdog
 
 
-def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None) -> ray.actor.ActorHandle:
+def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
+                  max_restarts: int | None = None) -> ray.actor.ActorHandle:
     """A RunMonitor on the driver's own node.
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
@@ -30,12 +32,13 @@ def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None =
     """
     here = ray.get_runtime_context().get_node_id()
     return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        hang_timeout_s, phase_limits)
+        hang_timeout_s, phase_limits, max_restarts)
 
 
 @ray.remote(num_cpus=0)
 class RunMonitor:
-    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None) -> None:
+    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
+                 max_restarts: int | None = None) -> None:
         self._events: list[dict[str, Any]] = []
         self._latest_checkpoint: dict[str, Any] | None = None
         self._groups = 0
@@ -47,6 +50,10 @@ class RunMonitor:
         self._taken_over: str | None = None
         # Per worker group: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
+        # A torchrun script's run (max_restarts given): its ranks restart in place (rounds.py), and
+        # the watchdog judges each round of children apart: its groups are (group, round).
+        self._rounds = InPlaceRounds(max_restarts) if max_restarts is not None else None
+        self._ranks = 0
 
     def push(self, kind: str, **payload: Any) -> None:
         event = {"kind": kind, "time": time.time(), **payload}
@@ -62,20 +69,52 @@ class RunMonitor:
         ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
         return any(e["kind"] == "finished" and bool(e.get("stopped")) == stopped for e in self._events)
 
-    def begin_group(self, world_size: int) -> dict[str, Any]:
-        """Rank 0 of a new worker group: its number, and the newest checkpoint of this run."""
+    def begin_group(self, world_size: int, workers: int | None = None) -> dict[str, Any]:
+        """Rank 0 of a new worker group: its number, and the newest checkpoint of this run.
+        (A script's: `world_size` ranks run by `workers` supervisors, and the rounds' state.)"""
         self._groups += 1
-        self._watchdog.new_group(self._groups, world_size, time.time())
         latest = self._latest_checkpoint
-        return {"group": self._groups, "latest_uri": latest["uri"] if latest else None}
+        begun = {"group": self._groups, "latest_uri": latest["uri"] if latest else None}
+        if self._rounds is None:
+            self._watchdog.new_group(self._groups, world_size, time.time())
+            return begun
+        self._rounds.new_group(self._groups, workers or 1)
+        self._ranks = world_size
+        self._watchdog.new_group((self._groups, 0), world_size, time.time())
+        return {**begun, **self._rounds.state()}
+
+    # --- a torchrun script's rounds of children (rounds.py) -------------------------------------
+
+    def script_state(self) -> dict[str, Any]:
+        return self._rounds.state()
+
+    def script_report(self, group: int, round_: int, worker: int, outcome: dict[str, Any]) -> None:
+        self._rounds.report(group, round_, worker, outcome, time.time())
+
+    def script_verdict(self, group: int, round_: int) -> dict[str, Any]:
+        undecided = (group, round_) not in self._rounds.verdicts
+        verdict = self._rounds.verdict(group, round_, time.time())
+        if undecided and verdict["action"] == RESTART:
+            self._watchdog.new_group((group, round_ + 1), self._ranks, time.time())
+            self.push("restart_in_place", group=group, round=round_ + 1, restarts=verdict["restarts"],
+                      max_restarts=self._rounds.max_restarts, failure=verdict["failure"])
+        return verdict
 
     def beat(self, group: int, **beat: Any) -> dict[str, Any]:
         """A worker's heartbeat. The reply tells it whether its group is hung or asked to stop."""
         now = time.time()
-        if beat["rank"] == 0 and beat["step"] > self._last_steps.get(group, (0, 0.0))[0]:
-            self._last_steps[group] = (beat["step"], now)
+        number = group[0] if isinstance(group, (tuple, list)) else group
+        if beat["rank"] == 0 and beat["step"] > self._last_steps.get(number, (0, 0.0))[0]:
+            self._last_steps[number] = (beat["step"], now)
         undecided = self._watchdog.verdict is None
-        verdict = self._watchdog.observe(group, Beat(**beat), now)
+        verdict = self._watchdog.observe(tuple(group) if isinstance(group, list) else group, Beat(**beat), now)
+        if self._rounds is not None:
+            # A script's ranks restart in place: the verdict is a failure of the round, not an abort.
+            if verdict is not None and undecided:
+                for rank in verdict["ranks"]:
+                    self._rounds.report(group[0], group[1], -1, {"kind": "hang", "rank": rank, "decisive": True,
+                                                                  "error": verdict["message"], "hang": verdict}, now)
+            return {"abort": self._abort_reason, "stop": self._stop_requested is not None}
         if verdict is not None and undecided:  # recorded once, when it is reached
             self.push("hang", **verdict)
         abort = verdict["message"] if verdict else self._abort_reason
@@ -92,8 +131,13 @@ class RunMonitor:
                   for e in self._events if e["kind"] == "worker_started" and e.get("group") == self._groups}
         earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
                    if e["kind"] == "failure" for r in e["ranks"] if r.get("signature")]
-        return {"hang": self._watchdog.verdict, "stopping": self._stop_requested is not None, "places": places,
-                "taken_over": self._taken_over,
+        exhausted = None
+        if self._rounds is not None and self._rounds.exhausted:
+            exhausted = (f"the run used all {self._rounds.restarts} restart(s) failure.max_failures "
+                         f"({self._rounds.max_restarts}) allows, in place and of the whole group together")
+        return {"hang": None if self._rounds is not None else self._watchdog.verdict,
+                "stopping": self._stop_requested is not None, "places": places,
+                "taken_over": self._taken_over, "restarts_exhausted": exhausted,
                 "earlier": earlier}
 
     def request_stop(self, deadline: float) -> None:

@@ -28,6 +28,9 @@ class WorkerConfig:
     lease_nonce: str | None
     # The nonce of the storage marker the driver wrote: each worker must read it back.
     storage_nonce: str | None
+    # A torchrun script's run: the driver's directory ("cwd") and the variables of the user's shell
+    # that reach every rank as they would under torchrun ("env": NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS).
+    script_context: dict[str, Any] | None = None
 
     def to_config(self) -> dict[str, Any]:
         return {CONFIG_KEY: self}

@@ -14,7 +14,13 @@ log = logging.getLogger("orchestrator.worker")
 
 
 def train_worker(config: dict[str, Any]) -> None:
-    session = WorkerSession(WorkerConfig.from_config(config))
+    handoff = WorkerConfig.from_config(config)
+    if handoff.spec.kind == "script":  # the node's agent: its ranks are child processes (runtime/script/)
+        from orchestrator.runtime.script.supervisor import train_script
+
+        train_script(handoff)
+        return
+    session = WorkerSession(handoff)
     if session.spec.kind == "lightning":
         from orchestrator.runtime.lightning.fit import train_lightning as harness
     else:

@@ -21,10 +21,11 @@ from orchestrator.spec.model import (
     KeepBestSpec,
     LightningSpec,
     ScalingSpec,
+    ScriptSpec,
     TorchSpec,
 )
 from orchestrator.spec.validate import validate
 
 __all__ = ["DEFAULT_STORAGE", "CheckpointSpec", "ClassRef", "FailureSpec", "JobSpec", "KeepBestSpec", "LightningSpec",
-           "ScalingSpec", "SpecError", "TorchSpec", "apply_overrides", "import_object", "load_spec_file",
+           "ScalingSpec", "ScriptSpec", "SpecError", "TorchSpec", "apply_overrides", "import_object", "load_spec_file",
            "parse_set_option", "resolve_spec", "validate"]

@@ -95,6 +95,24 @@ class TorchSpec:
 
 
 @dataclass(frozen=True)
+class ScriptSpec:
+    # The training script, run unchanged as __main__ (torchrun's SCRIPT), relative to the directory
+    # the driver runs in. Exactly one of path and module.
+    path: str | None = None
+    # Or a module run as `python -m` runs it (torchrun's -m MODULE).
+    module: str | None = None
+    # The script's own arguments, passed untouched; {run_dir}, {name} and {storage} are replaced
+    # (e.g. --work_dir {run_dir}/work puts its own checkpoints in the run directory).
+    args: list[str] = field(default_factory=list)
+    # Ranks per node (torchrun's --nproc_per_node): child processes of the node's one Ray Train
+    # worker, which holds their resources. scaling.num_workers counts nodes (torchrun's --nnodes).
+    nproc_per_node: int = 1
+
+    # The script does its own parallelism: there is no strategy of the orchestrator's to choose.
+    strategy = "script"
+
+
+@dataclass(frozen=True)
 class ScalingSpec:
     # Number of training workers (DDP ranks), >= 1. Written [min, max] in a spec: elastic, and
     # this is the max (the size the run grows back to when the cluster has room).
@@ -206,8 +224,10 @@ class JobSpec:
     seed: int = 0
     # A LightningModule and LightningDataModule to train (exactly one of lightning / torch).
     lightning: LightningSpec | None = None
-    # A plain PyTorch loop, train_loop(ctx), to train (exactly one of lightning / torch).
+    # A plain PyTorch loop, train_loop(ctx), to train (exactly one of lightning / torch / script).
     torch: TorchSpec | None = None
+    # An unmodified torchrun-style script, supervised in child processes (exactly one of the three).
+    script: ScriptSpec | None = None
     # How many workers, with which resources, placed how; the global batch.
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     # When to save checkpoints and which to keep.
@@ -221,6 +241,8 @@ class JobSpec:
 
     @property
     def kind(self) -> str:
+        if self.script is not None:
+            return "script"
         return "lightning" if self.lightning is not None else "torch"
 
     @property
@@ -230,7 +252,12 @@ class JobSpec:
 
     @property
     def strategy(self) -> str:
-        return (self.lightning or self.torch).strategy
+        return (self.lightning or self.torch or self.script).strategy
+
+    @property
+    def ranks_per_worker(self) -> int:
+        """Training processes each Ray Train worker runs: K children on the script path, else itself."""
+        return self.script.nproc_per_node if self.script is not None else 1
 
     @property
     def strategy_field(self) -> str:

@@ -31,6 +31,7 @@ from orchestrator.spec.model import (
     KeepBestSpec,
     LightningSpec,
     ScalingSpec,
+    ScriptSpec,
     TorchSpec,
 )
 
@@ -63,6 +64,7 @@ YAML_SHAPES: dict[tuple[type, str], dict[str, Any] | None] = {
     (DataSourceSpec, "columns"): {"anyOf": [
         {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/ColumnSpec"}, {"type": "null"}]}},
         {"type": "array", "items": {"type": "string"}}]},
+    (ScriptSpec, "args"): {"type": "array", "items": {"type": "string"}},
     (ColumnSpec, "dtype"): {"anyOf": [{"enum": list(DTYPES)}, {"type": "null"}]},
 }
 # YAML key for a field, where the two differ.
@@ -76,8 +78,8 @@ EXTRA_PROPERTIES: dict[type, dict[str, dict[str, Any]]] = {
 # (lightning.data is required unless the spec has a data: section: validation says so.)
 REQUIRED = {JobSpec: ["name"], DataSourceSpec: ["path"], ClassRef: ["class_path"], TorchSpec: ["train_loop"],
             LightningSpec: ["model"], KeepBestSpec: ["monitor"]}
-SPEC_CLASSES = (JobSpec, LightningSpec, TorchSpec, ScalingSpec, CheckpointSpec, KeepBestSpec, FailureSpec, ClassRef,
-                DataSpec, DataSourceSpec, ColumnSpec)
+SPEC_CLASSES = (JobSpec, LightningSpec, TorchSpec, ScriptSpec, ScalingSpec, CheckpointSpec, KeepBestSpec, FailureSpec,
+                ClassRef, DataSpec, DataSourceSpec, ColumnSpec)
 
 
 def job_spec_schema() -> dict[str, Any]:

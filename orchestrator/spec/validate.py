@@ -4,6 +4,7 @@ the typed readers they use are in fields.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,7 @@ from orchestrator.spec.model import (
     ScalingSpec,
     TorchSpec,
 )
+from orchestrator.spec.script import parse_script, script_resources
 
 
 def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
@@ -71,13 +73,21 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
 
     has_lightning = raw.get("lightning") is not None
     has_torch = raw.get("torch") is not None
-    if has_lightning == has_torch:
-        got = "both" if has_lightning else "neither"
+    has_script = raw.get("script") is not None
+    if has_lightning + has_torch + has_script != 1:
+        sections = (("lightning", has_lightning), ("torch", has_torch), ("script", has_script))
+        given = [f"'{k}:'" for k, v in sections if v]
+        got = {0: "neither", 2: "both " + " and ".join(given), 3: "all three"}[len(given)]
         raise SpecError(
-            f"the spec has {got} of 'lightning:' and 'torch:'; it needs exactly one. Fix: use "
-            "'lightning:' with model/data class_paths for a LightningModule, or 'torch:' with "
-            "train_loop: 'module:function' for a plain PyTorch loop."
+            f"the spec has {got} of 'lightning:', 'torch:' and 'script:'; it needs exactly one. Fix: use "
+            "'lightning:' with model/data class_paths for a LightningModule, 'torch:' with "
+            "train_loop: 'module:function' for a plain PyTorch loop, or 'script:' with path: train.py for an "
+            "unmodified torchrun script."
         )
+    script = parse_script(raw["script"], check_imports) if has_script else None
+    if script is not None and raw.get("data") is not None:
+        raise SpecError("the spec has both 'script:' and 'data:'; a script reads its own data. Fix: remove the "
+                        "data: section (or use the torch: or lightning: path, which stream it for you).")
     data = parse_data(raw.get("data"))
     lightning, model_checkpoint = (_lightning(raw["lightning"], check_imports, data_section=data is not None)
                                    if has_lightning else (None, {}))
@@ -87,6 +97,8 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         raw_checkpoint = merge_checkpoint(raw_checkpoint, model_checkpoint, "lightning.callbacks")
     torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
     scaling = _scaling(raw.get("scaling") or {})
+    if script is not None:
+        scaling = _script_scaling(raw.get("scaling") or {}, scaling, script.nproc_per_node)
     if lightning is not None:
         _check_lightning_scaling(lightning, scaling)
         _check_logger_storage(lightning, storage)
@@ -97,6 +109,7 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         seed=seed,
         lightning=lightning,
         torch=torch_spec,
+        script=script,
         scaling=scaling,
         checkpoint=_checkpoint(raw_checkpoint),
         failure=_failure(raw.get("failure") or {}),
@@ -279,6 +292,15 @@ def _torch(raw: Any, check_imports: bool) -> TorchSpec:
         )
     strategy = choice(raw, "strategy", path, TORCH_STRATEGIES, "ddp")
     return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps, strategy=strategy)
+
+
+def _script_scaling(raw: dict[str, Any], scaling: ScalingSpec, nproc: int) -> ScalingSpec:
+    """On the script path a worker is a node's agent: it holds the resources of its K ranks."""
+    if scaling.global_batch_size is not None:
+        raise SpecError("field 'scaling.global_batch_size' does not apply to a script: the script sizes its own "
+                        "batches. Fix: remove it (the script's DistributedSampler shards over WORLD_SIZE ranks).")
+    resources = script_resources(raw, nproc, scaling.use_gpu)
+    return dataclasses.replace(scaling, resources_per_worker=resources) if resources else scaling
 
 
 def _scaling(raw: Any) -> ScalingSpec:

@@ -1,0 +1,143 @@
+"""What each rank of a torchrun script runs: the script itself, as `__main__`, plus three things.
+
+    python .../bootstrap.py (SCRIPT | -m MODULE) [ARGS...]
+
+- Progress: torch's public global optimizer hook counts optimizer steps into a small file the
+  node's supervisor reads every second (the heartbeat the hang watchdog judges).
+- Stacks on demand: faulthandler dumps every thread's Python stack into this rank's log on
+  ORCHESTRATOR_STACK_SIGNAL (the supervisor sends it, with SIGCONT, on a hang verdict).
+- The outcome: an uncaught exception is printed as Python prints it, classified with the same
+  rules as the other paths (orchestrator/failures.py) and written as JSON for the supervisor.
+
+It is run by path, not as `-m orchestrator...`, so that nothing is imported before the script
+but the standard library: no Ray, and torch only once the script imports it. The process dies
+with its supervisor (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
+"""
+
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import struct
+import sys
+import time
+
+BEAT = struct.Struct("<qd")  # optimizer steps taken, time.monotonic() of the last one
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor still ends its children itself
+        return
+    if os.getppid() != int(os.environ.get("ORCHESTRATOR_SUPERVISOR_PID", os.getppid())):
+        os._exit(1)  # the supervisor died before the prctl took hold
+
+
+def _count_optimizer_steps(path: str) -> None:
+    """Register the global optimizer hook once torch is imported (by the script, not by us)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    steps = [0]
+
+    def stepped(optimizer, args, kwargs) -> None:
+        steps[0] += 1
+        os.pwrite(fd, BEAT.pack(steps[0], time.monotonic()), 0)
+
+    class _Finder:
+        """Hooks torch.optim the moment the script imports it (an import hook, removed after)."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch.optim.optimizer":
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+            loader = spec.loader
+            original = loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                module.register_optimizer_step_post_hook(stepped)
+
+            loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _write_failure(exc: BaseException, target: str) -> None:
+    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    if not path:
+        return
+    try:
+        record = _classified(exc, target)
+    except Exception as problem:  # noqa: BLE001 - the exit status still says it failed
+        record = {"kind": "user", "error": f"{type(exc).__name__}: {exc}", "where": "",
+                  "note": f"(could not be classified: {problem})"}
+    with open(path + ".partial", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".partial", path)
+
+
+def _classified(exc: BaseException, target: str) -> dict:
+    if isinstance(exc, SystemExit):
+        return {"kind": "user", "error": f"the script exited with status {exc.code}", "where": "", "signature": ""}
+    from orchestrator.failures import WorkerFailure
+
+    record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0"))).record
+    return {"kind": record.kind, "error": record.error, "where": record.where, "signature": record.signature,
+            "fault": record.fault}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: bootstrap.py (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        return 2
+    _die_with_parent()
+    stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
+    faulthandler.register(stack_signal, file=sys.stderr, all_threads=True)
+    if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
+        _count_optimizer_steps(os.environ["ORCHESTRATOR_BEAT_FILE"])
+    # Python's own start-up for `python SCRIPT` / `python -m MODULE`: argv, and sys.path[0].
+    if argv[0] == "-m":
+        target, module = argv[1], argv[1]
+        sys.argv = [target, *argv[2:]]
+        sys.path[0] = os.getcwd()
+    else:
+        target, module = os.path.abspath(argv[0]), None
+        sys.argv = [argv[0], *argv[1:]]
+        sys.path[0] = os.path.dirname(target)
+    try:
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return 0
+        _write_failure(exc, target)
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - printed as Python would, then classified
+        import traceback
+
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+        _write_failure(exc, target)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

@@ -1,0 +1,242 @@
+"""One node's K ranks of a torchrun script: their environment, their processes, their logs.
+
+`LocalRanks` starts the K children of one round (bootstrap.py running the script), copies each
+child's output into <run>/logs/rank-N.log (and rank 0's to the driver's console, through the
+supervisor), reads their optimizer-step counters, dumps their stacks, and stops them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestrator.failures import is_user_file
+
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
+BEAT = struct.Struct("<qd")  # bootstrap.BEAT: optimizer steps taken, monotonic time of the last one
+STACK_SIGNAL = signal.SIGUSR2
+# Seconds a child has to end after SIGTERM before it is SIGKILLed (torchrun gives 30; a rank that is
+# being replaced has nothing left to save, and every second here is a second of the restart).
+TERM_GRACE_S = 2.0
+# Lines of each rank's output kept in memory: the end of a failure's output, a stack dump.
+TAIL_LINES = 80
+# Of those, the lines a failure message quotes.
+QUOTED_LINES = 8
+# Variables Ray Train sets in its worker for its own process group: the script gets torchrun's.
+RAY_TRAIN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "ACCELERATE_TORCH_DEVICE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+_STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node's ranks sit in the world of one round."""
+
+    group_rank: int  # this node's (Ray Train worker's) rank
+    group_world_size: int  # nodes
+    local_world_size: int  # K
+    master_addr: str
+    master_port: int
+    restart_count: int
+    max_restarts: int
+    run_id: str
+
+    @property
+    def world_size(self) -> int:
+        return self.group_world_size * self.local_world_size
+
+    def rank(self, local_rank: int) -> int:
+        return self.group_rank * self.local_world_size + local_rank
+
+    def torchrun_env(self, local_rank: int) -> dict[str, str]:
+        """The variables torchrun's agent gives each worker (torch.distributed.elastic's
+        LocalElasticAgent._start_workers), with this round's values."""
+        rank = str(self.rank(local_rank))
+        return {
+            "RANK": rank, "LOCAL_RANK": str(local_rank), "GROUP_RANK": str(self.group_rank),
+            "ROLE_RANK": rank, "ROLE_NAME": "default",
+            "LOCAL_WORLD_SIZE": str(self.local_world_size), "WORLD_SIZE": str(self.world_size),
+            "GROUP_WORLD_SIZE": str(self.group_world_size), "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts), "TORCHELASTIC_RUN_ID": self.run_id,
+            # The script makes its own store at MASTER_ADDR:MASTER_PORT (env:// init), as under
+            # torchrun without the agent's store.
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+        }
+
+
+@dataclass
+class Child:
+    local_rank: int
+    rank: int
+    process: subprocess.Popen
+    beat_file: str
+    failure_file: str
+    log_path: str
+    started: float = field(default_factory=time.monotonic)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    output: list[str] = field(default_factory=list)  # lines since the last look (rank 0's, for the console)
+    reader: threading.Thread | None = None
+
+    def progress(self) -> tuple[int, float]:
+        """(optimizer steps, seconds since the last one or since the start)."""
+        try:
+            with open(self.beat_file, "rb") as f:
+                data = f.read(BEAT.size)
+        except OSError:
+            data = b""
+        if len(data) < BEAT.size:
+            return 0, time.monotonic() - self.started
+        steps, last = BEAT.unpack(data)
+        return steps, time.monotonic() - last
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP, a debugger): it takes no step and answers nothing."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return False
+
+    def last_lines(self) -> list[str]:
+        return [line for line in self.tail if line.strip()][-QUOTED_LINES:]
+
+    def failure(self) -> dict | None:
+        """What the bootstrap wrote of an uncaught exception (None: it wrote nothing)."""
+        try:
+            with open(self.failure_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+
+class LocalRanks:
+    """The children of one round on this node."""
+
+    def __init__(self, command: list[str], cwd: str, base_env: dict[str, str], placement: Placement, scratch: str,
+                 log_dir: str | None, echo: Callable[[str], None] | None = None):
+        self.placement = placement
+        self.children: list[Child] = []
+        attempt = os.path.join(scratch, f"attempt_{placement.restart_count}")
+        for local_rank in range(placement.local_world_size):
+            rank = placement.rank(local_rank)
+            where = os.path.join(attempt, str(local_rank))
+            os.makedirs(where, exist_ok=True)
+            env = {**base_env, **placement.torchrun_env(local_rank),
+                   # torch's @record writes the script's error here, as under torchrun.
+                   "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),
+                   "ORCHESTRATOR_BEAT_FILE": os.path.join(where, "beat"),
+                   "ORCHESTRATOR_FAILURE_FILE": os.path.join(where, "failure.json"),
+                   "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
+                   "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid())}
+            log_path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else os.path.join(where, "output.log")
+            process = subprocess.Popen([sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            child = Child(local_rank, rank, process, env["ORCHESTRATOR_BEAT_FILE"], env["ORCHESTRATOR_FAILURE_FILE"],
+                          log_path)
+            child.reader = threading.Thread(target=_copy_output, args=(child, echo if rank == 0 else None),
+                                            name=f"rank-{rank}-output", daemon=True)
+            child.reader.start()
+            self.children.append(child)
+
+    def exited(self) -> list[tuple[Child, int]]:
+        return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
+
+    def all_succeeded(self) -> bool:
+        return all(c.process.poll() == 0 for c in self.children)
+
+    def dump_stacks(self, wait_s: float = 2.0) -> dict[int, str]:
+        """Every live child's Python stacks into its log; where each one's own code stood (rank -> file:line)."""
+        marks = set()
+        for child in self.children:
+            if child.process.poll() is None:
+                marks.add(child.rank)
+                child.tail.clear()
+                _signal(child, STACK_SIGNAL)
+                _signal(child, signal.SIGCONT)  # a stopped process handles the signal once continued
+        deadline = time.monotonic() + wait_s
+        where: dict[int, str] = {}
+        while time.monotonic() < deadline and len(where) < len(marks):
+            time.sleep(0.1)
+            for child in self.children:
+                if child.rank in marks and child.rank not in where:
+                    place = _own_frame(list(child.tail))
+                    if place:
+                        where[child.rank] = place
+        return where
+
+    def stop(self) -> None:
+        """End every child: SIGTERM (SIGCONT for a stopped one), then SIGKILL after TERM_GRACE_S."""
+        live = [c for c in self.children if c.process.poll() is None]
+        for child in live:
+            _signal(child, signal.SIGTERM)
+            _signal(child, signal.SIGCONT)
+        deadline = time.monotonic() + TERM_GRACE_S
+        for child in live:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(child, signal.SIGKILL)
+        for child in self.children:
+            child.process.wait()
+            if child.reader is not None:
+                child.reader.join(timeout=5)
+
+    def forward(self, signum: int) -> None:
+        for child in self.children:
+            if child.process.poll() is None:
+                _signal(child, signum)
+
+
+def _signal(child: Child, signum: int) -> None:
+    try:
+        os.kill(child.process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _copy_output(child: Child, echo: Callable[[str], None] | None) -> None:
+    """The child's output, line by line, into its log file (and to `echo`: rank 0's, live)."""
+    try:
+        os.makedirs(os.path.dirname(child.log_path), exist_ok=True)
+        log = open(child.log_path, "a", buffering=1)
+    except OSError:
+        log = None  # a lost run directory costs the copy, never the child (its pipe keeps draining)
+    for raw in iter(child.process.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        child.tail.append(line)
+        if echo is not None:
+            echo(line)
+        if log is not None:
+            try:
+                log.write(line + "\n")
+            except OSError:
+                log = None
+    if log is not None:
+        log.close()
+
+
+def _own_frame(lines: list[str]) -> str:
+    """The innermost frame of the user's own code in the newest faulthandler dump (most recent call
+    first; the thread that handled the signal, the main one, is listed first)."""
+    starts = [i for i, line in enumerate(lines) if "most recent call first" in line]
+    if not starts:
+        return ""
+    first_thread = next((i for i in starts if "Current thread" in lines[i]), starts[0])
+    for line in lines[first_thread + 1:]:
+        match = _STACK_FRAME.match(line)
+        if match and is_user_file(match["file"]) and os.path.abspath(match["file"]) != BOOTSTRAP:
+            return f"{os.path.basename(match['file'])}:{match['line']} in {match['func']}"
+    return ""

@@ -1,0 +1,339 @@
+"""A node's agent for a torchrun script: the Ray Train worker that runs the node's K ranks.
+
+torchelastic's model: agents survive, workers restart. Each Ray Train worker of a script run is
+one node's agent. It starts its K ranks as child processes (children.py), with the environment
+torchrun gives them, and watches them:
+- a child that dies or fails is reported to the run monitor, which decides for every node
+  (driver/rounds.py): restart every rank in place (the same Ray Train workers, no new placement),
+  fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
+- every second the children's optimizer-step counters go to the run monitor as heartbeats, so
+  the hang watchdog judges an unmodified script as it judges the ctx path. A stopped child
+  (SIGSTOP) sends none. On a hang verdict every rank's stacks go into its log first;
+- rank 0's output is sent to the driver's console; every rank's goes to <run>/logs/rank-N.log.
+
+The training itself runs in processes with no Ray in them. Only a lost worker or node goes
+through Ray Train's group restart (and counts against the same failure.max_failures).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from typing import Any
+
+import ray
+import ray.train
+
+from orchestrator.failures import INFRASTRUCTURE, USER, FailureRecord, WorkerFailure
+from orchestrator.run_dir import RunDir
+from orchestrator.runtime.collectives import broadcast_object
+from orchestrator.runtime.handoff import WorkerConfig
+from orchestrator.runtime.heartbeat import HANG_EXIT_CODE, STARTING, TRAINING
+from orchestrator.runtime.script.children import RAY_TRAIN_VARS, LocalRanks, Placement
+
+log = logging.getLogger("orchestrator.worker")
+
+# Seconds between looks at the children and at the round's verdict.
+POLL_S = 0.1
+# Seconds between heartbeats (one per child) and between progress events to the driver.
+BEAT_S = 1.0
+PROGRESS_S = 2.0
+# Seconds between batches of rank 0's output sent to the driver's console.
+ECHO_S = 0.3
+
+
+def train_script(config: WorkerConfig) -> None:
+    Supervisor(config).run()
+
+
+class Supervisor:
+    def __init__(self, config: WorkerConfig):
+        self.config, self.spec, self.monitor = config, config.spec, config.monitor
+        self.script = self.spec.script
+        context = ray.train.get_context()
+        self.worker, self.workers = context.get_world_rank(), context.get_world_size()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.hostname = socket.gethostname()
+        self.run_dir = RunDir.at(config.run_uri)
+        self.scratch = tempfile.mkdtemp(prefix="orchestrator-script-")
+        self.ranks: LocalRanks | None = None
+        self.placement: Placement | None = None
+        self.beat_key: tuple[int, int] = (0, 0)
+        # Set by the heartbeat thread from the monitor's replies.
+        self.abort: str | None = None
+        self.stop_requested = False
+        self._closing = False
+        self._last_beat = 0.0
+        self._first_step_seen = False
+        self._echoed: list[str] = []
+        self._echo_lock = threading.Lock()
+
+    # --- the rounds ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        k = self.script.nproc_per_node
+        begun = broadcast_object(self._begin(k) if self.worker == 0 else None)
+        group = begun["group"]
+        beats = threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True)
+        beats.start()
+        try:
+            while True:
+                state = broadcast_object(self._round_state() if self.worker == 0 else None)
+                placement = Placement(self.worker, self.workers, k, begun["master_addr"], state["port"],
+                                      state["restarts"], state["max_restarts"], self.spec.name)
+                self._start_round(group, state["round"], placement)
+                verdict = self._watch(group, state["round"])
+                action = verdict["action"]
+                if action == "restart":
+                    self._end_round(verdict)
+                    continue
+                if action == "finish":
+                    self._finish(stopped=False)
+                    return
+                if action == "stopped":
+                    self._finish(stopped=True)
+                    return
+                self.ranks.stop()
+                self._fail(verdict)
+                return
+        finally:
+            self._closing = True
+            if self.ranks is not None:
+                self.ranks.stop()
+            self._flush_echo()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _begin(self, k: int) -> dict[str, Any]:
+        begun = ray.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
+        return {**begun, "master_addr": ray.util.get_node_ip_address()}
+
+    def _round_state(self) -> dict[str, Any]:
+        state = ray.get(self.monitor.script_state.remote(), timeout=60)
+        return {**state, "port": _free_port()}
+
+    def _start_round(self, group: int, round_: int, placement: Placement) -> None:
+        self.beat_key = (group, round_)
+        self.placement = placement
+        self.ranks = LocalRanks(self._command(), self._cwd(), self._child_env(placement), placement, self.scratch,
+                                self.config.log_dir, echo=self._echo)
+        # One event per rank: the driver's "N workers up" line, summary.json's workers, failure places.
+        # `group` counts every start of the ranks (in place or not): restarts = starts - 1.
+        for child in self.ranks.children:
+            self.monitor.push.remote(
+                "worker_started", rank=child.rank, world_size=placement.world_size, group=placement.restart_count + 1,
+                node_id=self.node_id, hostname=self.hostname, pid=child.process.pid, restored_from=None,
+                restored_step=None, in_place=round_ > 0)
+        self._first_step_seen = False
+
+    def _watch(self, group: int, round_: int) -> dict[str, Any]:
+        reported = False
+        stop_sent = False
+        while True:
+            time.sleep(POLL_S)
+            if self.abort:
+                log.error("ending this node's ranks: %s", self.abort)
+                self.ranks.stop()
+                self._flush_echo()
+                os._exit(HANG_EXIT_CODE)
+            if self.stop_requested and not stop_sent:
+                # As torchrun does with the signal it gets: every rank is sent SIGTERM (a script that
+                # handles it saves and exits); the driver ends the workers when its grace runs out.
+                self.ranks.forward(signal.SIGTERM)
+                stop_sent = True
+            if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
+                return {"action": "stopped"}
+            if not reported and not stop_sent:
+                outcome = self._outcome()
+                if outcome is not None:
+                    self.monitor.script_report.remote(group, round_, self.worker, outcome)
+                    reported = True
+            if stop_sent:
+                continue
+            verdict = ray.get(self.monitor.script_verdict.remote(group, round_), timeout=60)
+            if verdict["action"] != "wait":
+                return verdict
+
+    def _outcome(self) -> dict[str, Any] | None:
+        """This node's part of the round, once known: a failed child's record, or all exited 0."""
+        exited = self.ranks.exited()
+        failed = sorted((c for c, code in exited if code != 0), key=lambda c: c.rank)
+        if failed:
+            return self._failure_of(failed[0])
+        if len(exited) == len(self.ranks.children):
+            return {"ok": True}
+        return None
+
+    def _failure_of(self, child) -> dict[str, Any]:
+        code = child.process.returncode
+        place = {"rank": child.rank, "node_id": self.node_id, "hostname": self.hostname, "pid": child.process.pid,
+                 "log": child.log_path, "last_lines": child.last_lines()}
+        if code < 0:
+            name = _signal_name(-code)
+            why = " (the kernel's OOM killer sends it too: check the node's memory)" if -code == signal.SIGKILL else ""
+            return {**place, "kind": INFRASTRUCTURE, "decisive": True, "where": "",
+                    "error": f"the process was killed by {name}{why}"}
+        record = child.failure()
+        if record is None:  # no Python exception: os._exit, or a crash in native code
+            return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
+                    "error": f"the process exited with status {code} without a Python exception"}
+        return {**place, **record, "decisive": record["kind"] != INFRASTRUCTURE}
+
+    def _end_round(self, verdict: dict[str, Any]) -> None:
+        failure = verdict["failure"]
+        if failure.get("kind") == "hang":
+            stacks = self.ranks.dump_stacks()
+            for rank, where in sorted(stacks.items()):
+                log.error("rank %d was at %s when the hang was detected (its stacks are in its log)", rank, where)
+            if stacks:
+                self.monitor.push.remote("stacks", ranks={str(r): w for r, w in stacks.items()},
+                                         group=verdict["restarts"])
+        self.ranks.stop()
+        self._flush_echo()
+
+    def _finish(self, stopped: bool) -> None:
+        self._flush_echo()
+        if self.worker != 0:
+            return
+        steps, _ = self.ranks.children[0].progress()
+        # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
+        ray.get(self.monitor.push.remote(
+            "finished", weights_sha256=None, final_checkpoint=None, group=self.placement.restart_count + 1,
+            checkpoint_stall_s=0.0, final_flush_s=0.0, stopped=stopped, metrics={}, step=steps, epoch=0,
+            batch_in_epoch=0, consumed=0), timeout=60)
+
+    def _fail(self, verdict: dict[str, Any]) -> None:
+        failure = verdict.get("failure") or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.get("reason", "")}
+        if failure["rank"] // self.script.nproc_per_node != self.worker and failure.get("kind") != "hang":
+            return  # the node of the failed rank reports it; this one only ends its ranks
+        if failure.get("kind") == "hang" and self.worker != 0:
+            return
+        kind = USER if failure.get("kind") == USER else INFRASTRUCTURE
+        lines = failure.get("last_lines") or []
+        note = (f"its last lines: {' | '.join(lines)}" if lines else "") if kind != USER else ""
+        record = FailureRecord(rank=failure["rank"], kind=kind, error=failure["error"], where=failure.get("where", ""),
+                               node_id=failure.get("node_id", ""), pid=failure.get("pid", 0),
+                               hostname=failure.get("hostname", ""), signature=failure.get("signature", ""),
+                               note=note)
+        where = f" (raised at {record.where})" if record.where else ""
+        raise WorkerFailure(f"rank {record.rank}: {record.error}{where}", record)
+
+    # --- the children's environment --------------------------------------------------------------
+
+    def _command(self) -> list[str]:
+        values = {"{run_dir}": self._run_dir_text(), "{name}": self.spec.name, "{storage}": self.spec.storage}
+        args = []
+        for arg in self.script.args:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            args.append(arg)
+        target = ["-m", self.script.module] if self.script.module else [self._script_path()]
+        return [*target, *args]
+
+    def _run_dir_text(self) -> str:
+        location = self.run_dir.location
+        return location.path if location.is_local else location.uri
+
+    def _cwd(self) -> str:
+        """The driver's directory where this node has it (a shared checkout), else this worker's."""
+        wanted = (self.config.script_context or {}).get("cwd")
+        return wanted if wanted and os.path.isdir(wanted) else os.getcwd()
+
+    def _script_path(self) -> str:
+        path = os.path.expanduser(self.script.path)
+        if os.path.isabs(path):
+            return path
+        for base in (self._cwd(), os.getcwd()):
+            if os.path.isfile(os.path.join(base, path)):
+                return os.path.join(base, path)
+        return path
+
+    def _child_env(self, placement: Placement) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS}
+        context = self.config.script_context or {}
+        # What the user's shell had in front of the command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS).
+        env.update(context.get("env") or {})
+        env.update(self.spec.env)
+        if "OMP_NUM_THREADS" not in (context.get("env") or {}) and "OMP_NUM_THREADS" not in self.spec.env:
+            env.pop("OMP_NUM_THREADS", None)  # Ray's, for the worker: the ranks get torchrun's rule
+            if placement.local_world_size > 1:
+                env["OMP_NUM_THREADS"] = "1"
+        env["ORCHESTRATOR_RUN_DIR"] = self._run_dir_text()
+        # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    # --- heartbeats, progress and rank 0's output --------------------------------------------------
+
+    def _beat_loop(self) -> None:
+        last_progress, last_echo = 0.0, 0.0
+        while not self._closing:
+            time.sleep(ECHO_S)
+            now = time.monotonic()
+            if now - last_echo >= ECHO_S:
+                last_echo = now
+                self._flush_echo()
+            if now - self._last_beat < BEAT_S or self.ranks is None:
+                continue
+            self._last_beat = now
+            try:
+                self._beat()
+                if self.worker == 0 and now - last_progress >= PROGRESS_S:
+                    last_progress = now
+                    self._progress()
+            except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge
+                continue
+
+    def _beat(self) -> None:
+        ranks, key = self.ranks, self.beat_key
+        replies = []
+        for child in ranks.children:
+            if child.process.poll() is not None or child.stopped():
+                continue  # a stopped process answers nothing: its silence is what the watchdog sees
+            steps, idle = child.progress()
+            replies.append(self.monitor.beat.remote(
+                key, rank=child.rank, step=steps, phase=TRAINING if steps else STARTING, idle_s=idle,
+                node_id=self.node_id, pid=child.process.pid))
+        for reply in ray.get(replies, timeout=10):
+            self.stop_requested = self.stop_requested or bool(reply.get("stop"))
+            if reply.get("abort"):
+                self.abort = reply["abort"]
+
+    def _progress(self) -> None:
+        child = self.ranks.children[0]
+        steps, _ = child.progress()
+        if not steps:
+            return
+        first = not self._first_step_seen
+        self._first_step_seen = True
+        self.monitor.push.remote("progress", step=steps, epoch=0, batch_in_epoch=1, consumed=0, metrics={},
+                                 samples_per_s=None, group=self.placement.restart_count + 1, first_step=first,
+                                 stall_s=0.0, script=True)
+
+    def _echo(self, line: str) -> None:
+        with self._echo_lock:
+            self._echoed.append(line)
+
+    def _flush_echo(self) -> None:
+        with self._echo_lock:
+            lines, self._echoed = self._echoed, []
+        if lines:
+            self.monitor.push.remote("output", rank=0, lines=lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
