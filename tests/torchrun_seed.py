@@ -40,7 +40,8 @@ def parse_args():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step_sleep", type=float, default=0.0)
-    parser.add_argument("--fault", default="none", choices=["none", "kill", "stop", "bug", "exit"])
+    # One fault, or several separated by commas: the i-th strikes at epoch fault_epoch + i.
+    parser.add_argument("--fault", default="none")
     parser.add_argument("--fault_rank", type=int, default=1)
     parser.add_argument("--fault_epoch", type=int, default=1)
     parser.add_argument("--fault_step", type=int, default=3)
@@ -57,18 +58,23 @@ def event(args, rank, kind, **fields):
 
 def hurt_once(args, rank, epoch, step):
     """The fault, once per work_dir: a marker says it happened (a restarted script goes on)."""
-    if args.fault == "none" or rank != args.fault_rank or (epoch, step) != (args.fault_epoch, args.fault_step):
+    faults = [f for f in args.fault.split(",") if f != "none"]
+    index = epoch - args.fault_epoch
+    if rank != args.fault_rank or step != args.fault_step or not 0 <= index < len(faults):
         return
-    marker = os.path.join(args.work_dir, f"fault-{args.fault}.done")
+    fault = faults[index]
+    assert fault in ("kill", "stop", "bug", "exit"), fault
+    marker = os.path.join(args.work_dir, f"fault-{fault}.done")
     if os.path.exists(marker):
         return
     with open(marker, "w") as f:
         f.write(str(time.time()))
-    if args.fault == "kill":
+    if fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if args.fault == "stop":
+    if fault == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
-    if args.fault == "exit":
+        return  # continued: the supervisor is ending this process
+    if fault == "exit":
         raise SystemExit(3)
     raise ValueError(f"bad batch at epoch {epoch} step {step}")  # the bug: tests look for this line
 
@@ -96,6 +102,7 @@ def main():
         os.makedirs(args.env_out, exist_ok=True)
         seen = {key: os.environ.get(key) for key in ENV_KEYS}
         seen["cuda_device"] = torch.cuda.current_device() if cuda else None
+        seen["parent_pid"] = os.getppid()
         seen["extra"] = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_", "SEED_"))}
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         with open(os.path.join(args.env_out, f"rank-{rank}-restart-{restart}.json"), "w") as f:

@@ -29,7 +29,7 @@ from orchestrator.driver.console import Console, RunWatcher, describe_failure, t
 from orchestrator.driver.monitor import start_monitor
 from orchestrator.driver.recovery import recovery_settings
 from orchestrator.driver.signals import StopSignals
-from orchestrator.errors import RunStopped, TrainingFailed
+from orchestrator.errors import RunStopped, TrainingFailed, UserError
 from orchestrator.observe.goodput import compute as compute_goodput
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
@@ -108,6 +108,8 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         connection = cluster.connect(address, job_env={**worker_env, **controller_env})
         for note in connection.notes:
             say(f"note: {note}")
+        if job.kind == "script" and (connection.embedded or connection.warm):
+            _check_script_fits(job, connection.address)
         if connection.warm:
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")
@@ -305,6 +307,25 @@ def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, st
             worker_runtime_env={"env_vars": worker_env} if worker_env else None,
         ),
     )
+
+
+def _check_script_fits(job: JobSpec, address: str | None) -> None:
+    """A local cluster never grows: N nodes x K ranks it cannot hold is bad input, said before anything starts."""
+    from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
+
+    per_worker = worker_resources(job)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    room = workers_that_fit(per_worker, nodes, job.scaling.num_workers)
+    if room >= job.scaling.min_workers:
+        return
+    k = job.script.nproc_per_node
+    has = "; ".join(fmt({key: n.get(key, 0.0) for key in per_worker}) for n in nodes) or "no node"
+    where = f" at {address}" if address else ""
+    raise UserError(
+        f"{job.scaling.min_workers} node(s) x {k} rank(s) cannot run on the local cluster{where}: "
+        f"each node's ranks need {fmt(per_worker)} on one machine, and its nodes have {has}, room for {room}. "
+        "A local cluster does not grow. Fix: lower --nproc_per_node or --nnodes, set the resources with "
+        "--set scaling.resources_per_worker='{CPU: 1}', or run on a cluster that has them (--address).")
 
 
 # Variables of the user's shell that reach a script's ranks, as they would under torchrun.

@@ -103,7 +103,8 @@ class RunMonitor:
     def beat(self, group: int, **beat: Any) -> dict[str, Any]:
         """A worker's heartbeat. The reply tells it whether its group is hung or asked to stop."""
         now = time.time()
-        number = group[0] if isinstance(group, (tuple, list)) else group
+        # A script's beats come per round, (group, round); its events number each start of the ranks.
+        number = self._rounds.restarts + 1 if self._rounds is not None else group
         if beat["rank"] == 0 and beat["step"] > self._last_steps.get(number, (0, 0.0))[0]:
             self._last_steps[number] = (beat["step"], now)
         undecided = self._watchdog.verdict is None

@@ -71,6 +71,7 @@ class Supervisor:
         self._closing = False
         self._last_beat = 0.0
         self._first_step_seen = False
+        self._last_progress_step = 0
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
 
@@ -129,7 +130,7 @@ class Supervisor:
                 "worker_started", rank=child.rank, world_size=placement.world_size, group=placement.restart_count + 1,
                 node_id=self.node_id, hostname=self.hostname, pid=child.process.pid, restored_from=None,
                 restored_step=None, in_place=round_ > 0)
-        self._first_step_seen = False
+        self._first_step_seen, self._last_progress_step = False, 0
 
     def _watch(self, group: int, round_: int) -> dict[str, Any]:
         reported = False
@@ -283,7 +284,7 @@ class Supervisor:
             self._last_beat = now
             try:
                 self._beat()
-                if self.worker == 0 and now - last_progress >= PROGRESS_S:
+                if self.worker == 0 and (now - last_progress >= PROGRESS_S or not self._first_step_seen):
                     last_progress = now
                     self._progress()
             except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge
@@ -307,8 +308,9 @@ class Supervisor:
     def _progress(self) -> None:
         child = self.ranks.children[0]
         steps, _ = child.progress()
-        if not steps:
+        if not steps or steps == self._last_progress_step:
             return
+        self._last_progress_step = steps
         first = not self._first_step_seen
         self._first_step_seen = True
         self.monitor.push.remote("progress", step=steps, epoch=0, batch_in_epoch=1, consumed=0, metrics={},

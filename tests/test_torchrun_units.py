@@ -1,0 +1,231 @@
+"""The torchrun path's logic without Ray: the command's flags, the environment each rank gets, the
+run monitor's verdict on a round of ranks, and the bootstrap a rank's script runs under."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, run_cli
+
+from orchestrator.cli import build_parser
+from orchestrator.cli.torchrun import spec_from_args
+from orchestrator.driver.rounds import FAIL, FINISH, RESTART, SETTLE_S, WAIT, InPlaceRounds
+from orchestrator.errors import SpecError, UserError
+from orchestrator.runtime.script.children import BOOTSTRAP, Placement
+from orchestrator.spec import resolve_spec
+
+SEED = os.path.join("tests", "torchrun_seed.py")
+
+
+def _spec(*argv: str) -> dict:
+    return spec_from_args(build_parser().parse_args(["torchrun", *argv]))
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_torchruns_flags_in_both_spellings_become_the_spec_and_the_scripts_arguments_stay_untouched():
+    spec = _spec("--nnodes", "2", "--nproc-per-node", "4", "--max_restarts", "5", "--env", "NCCL_DEBUG=INFO",
+                 SEED, "--work_dir", "{run_dir}/work", "--nproc_per_node", "9", "-m", "x")
+    assert spec["name"] == "torchrun_seed"
+    assert spec["script"] == {"path": SEED, "args": ["--work_dir", "{run_dir}/work", "--nproc_per_node", "9", "-m", "x"],
+                              "nproc_per_node": 4}
+    assert spec["scaling"]["num_workers"] == 2 and spec["failure"] == {"max_failures": 5}
+    assert spec["env"] == {"NCCL_DEBUG": "INFO"}
+    job = resolve_spec(spec)
+    # One Ray Train worker per node, holding its K ranks' CPUs.
+    assert job.kind == "script" and job.scaling.num_workers == 2
+    assert job.scaling.resources_per_worker == {"CPU": 4.0}
+
+
+def test_an_elastic_node_range_and_a_module_and_rendezvous_flags_are_taken():
+    spec = _spec("--nnodes=1:3", "--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv-endpoint", "head:29500",
+                  "--standalone", "-m", "tests.torchrun_seed", "--epochs", "1")
+    assert spec["scaling"]["num_workers"] == [1, 3]
+    assert spec["script"]["module"] == "tests.torchrun_seed" and spec["name"] == "torchrun_seed"
+    job = resolve_spec(spec)
+    assert (job.scaling.min_workers, job.scaling.num_workers) == (1, 3)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--nproc_per_node", "many", SEED], ["--nproc_per_node 'many'", "whole number"]),
+    (["--nnodes", "3:1", SEED], ["--nnodes '3:1'", "MIN:MAX"]),
+    (["--env", "NOEQUALS", SEED], ["--env 'NOEQUALS'", "KEY=VALUE"]),
+    (["--no-python", SEED], ["--no-python", "not supported"]),
+])
+def test_a_bad_flag_is_a_user_error_naming_it(argv, words):
+    with pytest.raises(UserError) as caught:
+        _spec(*argv)
+    assert all(word in str(caught.value) for word in words), caught.value
+
+
+def test_a_missing_script_or_module_is_refused_naming_where_it_was_looked_for():
+    with pytest.raises(SpecError, match=r"'nope\.py' is not a file \(looked for .*nope\.py\)"):
+        resolve_spec(_spec("nope.py"))
+    with pytest.raises(SpecError, match=r"no module 'no_such_pkg.train' can be imported"):
+        resolve_spec(_spec("-m", "no_such_pkg.train"))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["torchrun", "--nproc_per_node", "2", "missing_train.py", "--lr", "1"],
+     ["'missing_train.py' is not a file", "Fix:"]),
+    (["torchrun", "--nproc_per_node", "0", SEED], ["--nproc_per_node '0'", "Fix:"]),
+    (["torchrun", "--bogus", SEED], ["unrecognized arguments: --bogus"]),
+])
+def test_bad_input_exits_2_with_one_paragraph_and_no_traceback_before_ray_starts(argv, words):
+    done = run_cli(*argv, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and all(word in errors[0] for word in words), done.stderr
+    assert "Traceback" not in done.stderr and "Ray" not in done.stdout
+
+
+# --- the environment of a rank ----------------------------------------------------------------
+
+
+def test_each_rank_gets_torchruns_variables_for_its_place_in_the_world():
+    placement = Placement(group_rank=1, group_world_size=2, local_world_size=3, master_addr="10.0.0.1",
+                          master_port=29511, restart_count=2, max_restarts=5, run_id="seed")
+    env = placement.torchrun_env(local_rank=2)
+    assert env == {
+        "RANK": "5", "LOCAL_RANK": "2", "GROUP_RANK": "1", "ROLE_RANK": "5", "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": "3", "WORLD_SIZE": "6", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "6",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "5", "TORCHELASTIC_RUN_ID": "seed", "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+
+
+# --- the verdict on a round -------------------------------------------------------------------
+
+
+def _rounds(max_restarts=3, workers=2) -> InPlaceRounds:
+    rounds = InPlaceRounds(max_restarts)
+    rounds.new_group(1, workers)
+    return rounds
+
+
+def test_a_signal_death_restarts_every_rank_at_once_and_counts_the_restart():
+    rounds = _rounds()
+    rounds.report(1, 0, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
+    verdict = rounds.verdict(1, 0, 10.0)
+    assert verdict["action"] == RESTART and verdict["failure"]["rank"] == 1 and verdict["restarts"] == 1
+    # Every node asking about that round hears the same; the next round starts clean.
+    assert rounds.verdict(1, 0, 99.0) == verdict
+    assert rounds.state() == {"group": 1, "round": 1, "restarts": 1, "max_restarts": 3}
+    assert rounds.verdict(1, 1, 11.0) == {"action": WAIT}
+
+
+def test_a_peers_communication_error_waits_for_the_bug_that_caused_it_and_the_bug_decides():
+    rounds = _rounds()
+    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
+    assert rounds.verdict(1, 0, 10.0 + SETTLE_S / 2) == {"action": WAIT}
+    rounds.report(1, 0, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
+    verdict = rounds.verdict(1, 0, 10.0 + SETTLE_S / 2)
+    assert verdict["action"] == FAIL and verdict["failure"]["rank"] == 3
+
+
+def test_a_communication_error_alone_restarts_after_the_settling_time():
+    rounds = _rounds()
+    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
+    assert rounds.verdict(1, 0, 10.0 + SETTLE_S + 0.01)["action"] == RESTART
+
+
+def test_restarts_in_place_and_of_the_group_share_one_budget():
+    rounds = _rounds(max_restarts=2)
+    rounds.report(1, 0, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
+    assert rounds.verdict(1, 0, 1.0)["action"] == RESTART
+    rounds.new_group(2, 2)  # Ray Train replaced a lost node: the second restart
+    assert rounds.restarts == 2 and rounds.exhausted
+    rounds.report(2, 0, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
+    verdict = rounds.verdict(2, 0, 5.0)
+    assert verdict["action"] == FAIL and verdict["exhausted"]
+
+
+def test_a_round_finishes_when_every_node_reports_its_ranks_exited_0():
+    rounds = _rounds(workers=2)
+    rounds.report(1, 0, 0, {"ok": True}, 1.0)
+    assert rounds.verdict(1, 0, 1.0) == {"action": WAIT}
+    rounds.report(1, 0, 1, {"ok": True}, 2.0)
+    assert rounds.verdict(1, 0, 2.0) == {"action": FINISH}
+
+
+# --- the bootstrap ----------------------------------------------------------------------------
+
+
+def _bootstrap(tmp_path, source: str, *args: str, env: dict | None = None, wait: bool = True):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    files = {"ORCHESTRATOR_BEAT_FILE": str(tmp_path / "beat"), "ORCHESTRATOR_FAILURE_FILE": str(tmp_path / "failure.json")}
+    process = subprocess.Popen([sys.executable, BOOTSTRAP, str(script), *args], cwd=REPO, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, **files, **(env or {}), "RANK": "3"})
+    if not wait:
+        return process, files
+    out, _ = process.communicate(timeout=60)
+    return process.returncode, out, files
+
+
+def test_the_script_runs_as_main_with_its_own_argv_and_file_and_no_ray_beside_it(tmp_path):
+    code, out, _ = _bootstrap(tmp_path, (
+        "import sys, json\n"
+        "print(json.dumps({'name': __name__, 'argv': sys.argv, 'file': __file__, 'path0': sys.path[0],\n"
+        "                  'ray': 'ray' in sys.modules, 'orchestrator': 'orchestrator' in sys.modules}))\n"),
+        "--lr", "0.1", "{literal}")
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert code == 0
+    assert seen["name"] == "__main__" and seen["argv"][1:] == ["--lr", "0.1", "{literal}"]
+    assert seen["file"].endswith("train.py") and seen["path0"] == str(tmp_path)
+    assert not seen["ray"] and not seen["orchestrator"]
+
+
+def test_a_scripts_uncaught_exception_is_printed_classified_and_placed_at_its_line(tmp_path):
+    code, out, files = _bootstrap(tmp_path, "def load():\n    raise KeyError('labels')\n\nload()\n")
+    assert code == 1
+    assert "Traceback (most recent call last)" in out and "KeyError: 'labels'" in out
+    with open(files["ORCHESTRATOR_FAILURE_FILE"]) as f:
+        record = json.load(f)
+    assert record["kind"] == "user" and record["error"] == "KeyError: 'labels'"
+    assert record["where"].endswith("train.py:2 in load")
+
+
+def test_a_scripts_own_exit_status_is_kept_and_recorded(tmp_path):
+    code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(3)\n")
+    assert code == 3
+    with open(files["ORCHESTRATOR_FAILURE_FILE"]) as f:
+        assert json.load(f)["error"] == "the script exited with status 3"
+    os.remove(files["ORCHESTRATOR_FAILURE_FILE"])
+    code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(0)\n")
+    assert code == 0 and not os.path.exists(files["ORCHESTRATOR_FAILURE_FILE"])
+
+
+def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_on_the_signal(tmp_path):
+    process, files = _bootstrap(tmp_path, (
+        "import time, torch\n"
+        "p = torch.nn.Parameter(torch.zeros(1))\n"
+        "opt = torch.optim.SGD([p], lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    opt.step()\n"
+        "print('stepped', flush=True)\n"
+        "def wait_here():\n"
+        "    time.sleep(60)\n"
+        "wait_here()\n"), wait=False)
+    try:
+        assert process.stdout.readline().strip() == "stepped"
+        with open(files["ORCHESTRATOR_BEAT_FILE"], "rb") as f:
+            steps, last = struct.unpack("<qd", f.read(16))
+        assert steps == 5 and 0 <= time.monotonic() - last < 30
+        time.sleep(0.5)
+        process.send_signal(signal.SIGUSR2)
+        dump = [process.stdout.readline() for _ in range(3)]
+        assert any('train.py", line 8 in wait_here' in line for line in dump), dump
+        assert process.poll() is None  # the dump does not end the script
+    finally:
+        process.kill()
+        process.wait()
