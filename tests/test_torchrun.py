@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -206,3 +207,28 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
     assert starts[-1]["restart"] >= 1
     assert _final(str(work))["world_size"] == 2 and _final(str(work))["epochs"] == 3
     assert _summary(tmp_path, "elastic")["status"] == "finished"
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_driver_reaches_every_rank_as_under_torchrun_and_exits_143(tmp_path):
+    work, seen = tmp_path / "stop" / "work", tmp_path / "seen"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "torchrun", "--nproc_per_node", "2", "--storage", str(tmp_path),
+         "--name", "stop", SEED, "--work_dir", "{run_dir}/work", "--step_sleep", "0.3", "--env_out", str(seen)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
+            e["kind"] == "first_step" for e in _events(str(work))), timeout=200, interval=0.5)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 143, output[-3000:]
+    assert "run 'stop' stopped by SIGTERM: every rank was sent SIGTERM" in output, output[-3000:]
+    ranks = [json.load(open(seen / name)) for name in os.listdir(seen)]
+    assert len(ranks) == 2
+    assert not os.path.exists(work / "final.json")  # stopped part-way, not run to the end
+    for parent in {r["parent_pid"] for r in ranks}:  # no rank and no supervising worker is left
+        assert not os.path.exists(f"/proc/{parent}"), f"the supervising worker {parent} is still running"

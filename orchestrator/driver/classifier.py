@@ -63,7 +63,9 @@ class FailureClassifier(ray.train.UserCallback):
             if record.fault == GPU and record.kind == INFRASTRUCTURE:
                 record.note = drain_advice(record)
         kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
-        payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict}
+        exhausted = view.get("restarts_exhausted") if kind not in (STOPPED, TAKEN_OVER, USER) else None
+        payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict,
+                   "exhausted": bool(exhausted)}
         try:
             ray.get(self.monitor.push.remote("failure", **payload), timeout=10)
         except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
@@ -76,7 +78,6 @@ class FailureClassifier(ray.train.UserCallback):
             ended = [r for r in records if r.kind == kind]
             error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed
             raise error("; ".join(r.describe() for r in ended), [asdict(r) for r in ended])
-        exhausted = view.get("restarts_exhausted")
         if exhausted:  # a script's in-place restarts count too, which Ray Train does not see
             raise RestartsExhausted(f"{exhausted}; the last failure ({kind}): "
                                     + "; ".join(r.describe() for r in records), [asdict(r) for r in records])

@@ -217,6 +217,8 @@ class RunWatcher:
             then = {"user": user, "stopped": "not restarted: the run is stopping",
                     "taken_over": "not restarted: another driver took the run over, and this one stops"}.get(
                 event["classification"], "restarting from the newest committed checkpoint")
+            if event.get("exhausted"):
+                then = "not restarted: the restarts failure.max_failures allows are used up"
             return f"failure ({event['classification']}): {ranks}; {then}"
         if kind == "warning":
             if event["message"] in self._warned:  # each group restart repeats it: said once

@@ -369,6 +369,10 @@ def _already_finished(job: JobSpec, run_dir, choice: resume.ResumeChoice) -> Run
 
 
 def _stopped_message(job: JobSpec, signal_name: str, result: RunResult) -> str:
+    if job.script is not None:
+        return (f"run '{job.name}' stopped by {signal_name}: every rank was sent SIGTERM, as torchrun does, and has "
+                "ended. Run the same command again: a script that resumes from its latest checkpoint goes on from "
+                "there.")
     kept = (f"the newest committed checkpoint is {result.final_checkpoint}" if result.final_checkpoint
             else "no checkpoint was committed yet")
     return (f"run '{job.name}' stopped by {signal_name} after step {result.global_step}; {kept}. "

@@ -52,6 +52,9 @@ class RunResult:
     # wall_s, productive_s, lost_s by cause, recomputed_steps, goodput (see goodput.py).
     goodput: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    # lightning | torch | script. A script keeps its own checkpoints: global_step is then the
+    # optimizer steps of its last start, and a worker is one rank.
+    kind: str = ""
 
     @property
     def summary_path(self) -> str:
@@ -101,6 +104,7 @@ class RunResult:
             failures=[{k: v for k, v in e.items() if k != "kind"} for e in events if e["kind"] == "failure"],
             goodput=goodput or {},
             error=_error_line(error, stopped_by),
+            kind=job.kind,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,6 +123,14 @@ class RunResult:
             return None
 
     def describe(self) -> str:
+        if self.kind == "script":
+            return (
+                f"run '{self.name}' {self.status}: {self.world_size} ranks, {self.restarts} restart(s), "
+                f"{self.global_step} optimizer steps in the last start, {self.wall_seconds:.1f} s\n"
+                f"  logs: {self.run_dir.rstrip('/')}/logs/rank-N.log\n"
+                + (f"  {goodput_line(self.goodput)}\n" if self.goodput else "")
+                + f"  summary: {self.summary_path}"
+            )
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items()))
         return (
             f"run '{self.name}' {self.status}: {self.world_size} workers, step {self.global_step}, "
