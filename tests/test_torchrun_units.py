@@ -229,3 +229,33 @@ def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_
     finally:
         process.kill()
         process.wait()
+
+
+# --- the spec's script: section -----------------------------------------------------------------
+
+
+def test_a_spec_with_a_script_section_holds_its_nodes_ranks_resources_and_a_gpu_each():
+    job = resolve_spec({"name": "s", "script": {"path": SEED, "args": ["--lr", 0.1], "nproc_per_node": 4},
+                        "scaling": {"num_workers": [1, 2], "use_gpu": True}})
+    assert job.kind == "script" and job.script.args == ["--lr", "0.1"] and job.ranks_per_worker == 4
+    assert job.scaling.resources_per_worker == {"CPU": 4.0, "GPU": 4.0}
+    assert (job.scaling.min_workers, job.scaling.num_workers) == (1, 2)
+    own = resolve_spec({"name": "s", "script": {"module": "tests.torchrun_seed"},
+                        "scaling": {"resources_per_worker": {"CPU": 1}}})
+    assert own.scaling.resources_per_worker == {"CPU": 1}
+
+
+@pytest.mark.parametrize("script, extra, words", [
+    ({"path": SEED, "module": "x"}, {}, ["both of 'path' and 'module'", "Fix:"]),
+    ({}, {}, ["neither of 'path' and 'module'"]),
+    ({"path": SEED, "nproc_per_node": 0}, {}, ["script.nproc_per_node", "at least 1"]),
+    ({"path": SEED, "args": [["nested"]]}, {}, ["script.args[0]", "must be a string"]),
+    ({"path": SEED}, {"torch": {"train_loop": "jobs.digits_torch:train_loop", "max_epochs": 1}},
+     ["both 'torch:' and 'script:'", "exactly one"]),
+    ({"path": SEED}, {"data": {"train": {"path": "x.parquet"}}}, ["both 'script:' and 'data:'", "reads its own data"]),
+    ({"path": SEED}, {"scaling": {"global_batch_size": 64}}, ["scaling.global_batch_size", "sizes its own batches"]),
+])
+def test_a_bad_script_section_names_the_field_and_the_fix(script, extra, words):
+    with pytest.raises(SpecError) as caught:
+        resolve_spec({"name": "s", "script": script, **extra})
+    assert all(word in str(caught.value) for word in words), caught.value
