@@ -259,3 +259,12 @@ def test_a_bad_script_section_names_the_field_and_the_fix(script, extra, words):
     with pytest.raises(SpecError) as caught:
         resolve_spec({"name": "s", "script": script, **extra})
     assert all(word in str(caught.value) for word in words), caught.value
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness needs the privilege (root here, CAP_SYS_NICE)")
+def test_a_rank_takes_the_users_niceness_instead_of_the_one_ray_gives_its_workers(tmp_path):
+    script = tmp_path / "nice.py"
+    script.write_text("import os\nprint(os.nice(0))\n")
+    done = subprocess.run([sys.executable, BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORCHESTRATOR_NICENESS": "2"}, preexec_fn=lambda: os.nice(15))
+    assert done.stdout.strip() == "2", done.stdout + done.stderr

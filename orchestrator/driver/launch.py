@@ -335,7 +335,7 @@ SHELL_VARIABLES = ("OMP_NUM_THREADS",)
 
 def _script_context() -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
-    return {"cwd": os.getcwd(), "env": env}
+    return {"cwd": os.getcwd(), "env": env, "niceness": os.nice(0)}
 
 
 def _worker_pythonpath() -> str:

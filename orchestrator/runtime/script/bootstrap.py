@@ -38,6 +38,18 @@ def _die_with_parent() -> None:
         os._exit(1)  # the supervisor died before the prctl took hold
 
 
+def _take_niceness() -> None:
+    """The niceness of the user's shell, as under torchrun, rather than the one Ray gives its
+    workers (15); lowering it needs the privilege to (root, CAP_SYS_NICE), else it stays."""
+    wanted = os.environ.get("ORCHESTRATOR_NICENESS")
+    if wanted is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(wanted))
+    except (OSError, ValueError):
+        pass
+
+
 def _count_optimizer_steps(path: str) -> None:
     """Register the global optimizer hook once torch is imported (by the script, not by us)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -99,6 +111,7 @@ def main(argv: list[str]) -> int:
         print("usage: bootstrap.py (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         return 2
     _die_with_parent()
+    _take_niceness()
     stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
     faulthandler.register(stack_signal, file=sys.stderr, all_threads=True)
     if os.environ.get("ORCHESTRATOR_BEAT_FILE"):

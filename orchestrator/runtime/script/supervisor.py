@@ -39,8 +39,10 @@ from orchestrator.runtime.script.children import RAY_TRAIN_VARS, LocalRanks, Pla
 
 log = logging.getLogger("orchestrator.worker")
 
-# Seconds between looks at the children and at the round's verdict.
+# Seconds between looks at the children, and at the round's verdict once this node reported.
 POLL_S = 0.1
+# Seconds between asks for the round's verdict while this node's ranks run (a peer node's failure).
+VERDICT_S = 0.25
 # Seconds between heartbeats (one per child) and between progress events to the driver.
 BEAT_S = 1.0
 PROGRESS_S = 2.0
@@ -134,6 +136,7 @@ class Supervisor:
 
     def _watch(self, group: int, round_: int) -> dict[str, Any]:
         reported = False
+        last_asked = 0.0
         stop_sent = False
         while True:
             time.sleep(POLL_S)
@@ -156,6 +159,11 @@ class Supervisor:
                     reported = True
             if stop_sent:
                 continue
+            # A failure here is decided at once; one on another node reaches this one within VERDICT_S.
+            now = time.monotonic()
+            if not reported and now - last_asked < VERDICT_S:
+                continue
+            last_asked = now
             verdict = ray.get(self.monitor.script_verdict.remote(group, round_), timeout=60)
             if verdict["action"] != "wait":
                 return verdict
@@ -265,6 +273,8 @@ class Supervisor:
             if placement.local_world_size > 1:
                 env["OMP_NUM_THREADS"] = "1"
         env["ORCHESTRATOR_RUN_DIR"] = self._run_dir_text()
+        # Ray starts its workers at a lower priority (niceness 15); the ranks take the user's shell's.
+        env["ORCHESTRATOR_NICENESS"] = str(context.get("niceness", 0))
         # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
