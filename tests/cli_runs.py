@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from conftest import REPO
@@ -51,13 +51,26 @@ def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None,
 class BackgroundRun:
     """`orchestrator run` of `spec` in the background, while the test plays the failing world."""
 
+    # Every one started, for end_all: a test that failed half-way leaves no run going on a shared cluster.
+    _started: ClassVar[list[BackgroundRun]] = []
+
     def __init__(self, spec: dict[str, Any], spec_dir: str, *, address: str | None = None, console=None):
         self.spec = spec
         self._lines: list[str] = []
         self._process = subprocess.Popen(_command(spec, address, spec_dir), stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, cwd=REPO, env=_env())
+        BackgroundRun._started.append(self)
         self._reader = threading.Thread(target=self._read, args=(console,), daemon=True)
         self._reader.start()
+
+    @classmethod
+    def end_all(cls) -> None:
+        """SIGKILL the driver of every run still going (its own process id), and wait for it."""
+        for run in cls._started:
+            if run._process.poll() is None:
+                run._process.kill()
+                run._process.wait()
+        cls._started.clear()
 
     def _read(self, console) -> None:
         for line in self._process.stdout:

@@ -16,8 +16,15 @@ import tempfile
 import time
 
 import pytest
+from clusters import shared_loopback_cluster, three_nodes  # noqa: F401  (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests on the shared loopback cluster (tests/clusters.py) run together at the end of the
+    session: the cluster is started for them and not left idle beside the other tests' clusters."""
+    items.sort(key=lambda item: "shared_loopback_cluster" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(autouse=True)

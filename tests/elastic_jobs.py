@@ -2,7 +2,9 @@
 rank and per worker-group start, so a test can check that each epoch trained every sample once.
 
 A sample's features are a fixed function of its id, and the id rides along in the batch. Each
-step sleeps `pace_s` so that a node can be killed, and added back, while the run goes on.
+step sleeps `pace_s` so that a node can be killed, and added back, while the run goes on; with
+`pace_file`, only while that file exists, so a test that has played its faults lets the rest of the
+run go at full speed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 
 
+def _pace(pace_s: float, pace_file: str | None) -> None:
+    if pace_s and (pace_file is None or os.path.exists(pace_file)):
+        time.sleep(pace_s)
+
+
 def _record(folder: str, rank: int, **entry) -> None:
     """One line per step (torch) or micro-batch (Lightning), in this rank's file of this start."""
     attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
@@ -63,11 +70,11 @@ def train_loop(ctx) -> None:
                 _record(config["records"], ctx.rank, step=ctx.global_step, epoch=epoch, world=ctx.world_size,
                         ids=ids)
                 ids = []
-                time.sleep(config.get("pace_s", 0))
+                _pace(config.get("pace_s", 0), config.get("pace_file"))
 
 
 class IdsModule(pl.LightningModule):
-    def __init__(self, records: str, pace_s: float = 0.0, lr: float = 0.1):
+    def __init__(self, records: str, pace_s: float = 0.0, lr: float = 0.1, pace_file: str | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.net = _model()
@@ -77,7 +84,7 @@ class IdsModule(pl.LightningModule):
         trainer = self.trainer
         _record(self.hparams.records, self.global_rank, step=trainer.global_step + 1, epoch=trainer.current_epoch,
                 world=trainer.world_size, ids=index.tolist())
-        time.sleep(self.hparams.pace_s / trainer.accumulate_grad_batches)
+        _pace(self.hparams.pace_s / trainer.accumulate_grad_batches, self.hparams.pace_file)
         return F.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self):

@@ -9,7 +9,6 @@ import re
 import pytest
 import yaml
 from conftest import run_cli
-from node_faults import loopback_cluster
 from specs import torch_spec
 
 from orchestrator.driver.doctor import gloo_check, interface_problem
@@ -65,10 +64,10 @@ def test_a_gloo_group_that_did_not_form_names_the_node_whose_host_name_resolves_
     assert passed.ok and "formed in 0.02 s" in passed.detail and "latency 0.40 ms" in passed.detail
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with loopback_cluster(3) as cluster:
-        yield cluster
+@pytest.fixture
+def cluster(three_nodes):
+    """The session's shared loopback cluster (tests/clusters.py): a head without CPUs, three 1-CPU nodes."""
+    return three_nodes
 
 
 def _doctor(cluster, tmp_path, *extra, **env):

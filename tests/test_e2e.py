@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+import specs
 from conftest import assert_resumed_to_clean_weights
 
 import orchestrator
@@ -88,9 +89,11 @@ def test_the_quickstart_killed_mid_epoch_while_reading_its_parquet_data_ends_wit
 
 
 @pytest.mark.timeout(400)
-def test_the_plain_torch_job_is_deterministic_across_runs(tmp_path):
-    first = orchestrator.run(torch_spec("first", tmp_path), console=None)
-    second = orchestrator.run(torch_spec("second", tmp_path), console=None)
+def test_the_plain_torch_job_is_deterministic_across_runs(tmp_path, clean_torch):
+    # The first run is the session's clean torch run (conftest.clean_torch); the second, the same
+    # spec (tests/specs.py) under another name, trained again from scratch.
+    first = clean_torch
+    second = orchestrator.run(specs.torch_spec("second", tmp_path), console=None)
     assert first.status == second.status == "finished"
     assert first.global_step == 3 * 21  # 1297 samples / 2 ranks / 32 per batch -> 21 batches an epoch
     assert first.metrics["test_acc"] >= 0.85

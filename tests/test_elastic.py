@@ -3,8 +3,9 @@ the run going on with fewer workers, a node added back and the run growing again
 sample of every epoch trained exactly once, on both paths. And one global batch at 1 and 3
 fixed workers giving the same weights.
 
-One cluster serves the whole module: the fixed-size runs first, then the runs that kill a node
-and add one back (which leave the cluster at three workers' worth of nodes again).
+The cluster is the session's shared loopback cluster (tests/clusters.py): the fixed-size runs
+first, then the runs that kill a node and add one back (which leave the cluster at three workers'
+worth of nodes again).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import sys
 import pytest
 import torch
 from cli_runs import BackgroundRun, run_spec
+from clusters import add_worker_node
 from conftest import REPO, wait_for
 from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
-from node_faults import kill_node, loopback_cluster, training_worker_pids
+from node_faults import kill_node, training_worker_pids
 
 from orchestrator.checkpoint import CheckpointStore, loads_state
 
@@ -33,29 +35,30 @@ STEPS_PER_EPOCH = SAMPLES // GLOBAL_BATCH
 CONSOLE = print if os.environ.get("ORCHESTRATOR_TEST_VERBOSE") else None
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A head without CPUs (the driver's side) and three 1-CPU nodes."""
-    with loopback_cluster(3) as cluster:
-        yield cluster
+@pytest.fixture
+def cluster(three_nodes):
+    """A head without CPUs (the driver's side) and three 1-CPU nodes (tests/clusters.py)."""
+    return three_nodes
 
 
-def torch_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
+def torch_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0, pace_file=None):
     return {
         "name": name, "storage": str(tmp_path / "runs"), "seed": 0,
         "torch": {"train_loop": "elastic_jobs:train_loop", "max_epochs": epochs,
-                  "config": {"samples": SAMPLES, "batch_size": 2, "records": str(records), "pace_s": pace_s}},
+                  "config": {"samples": SAMPLES, "batch_size": 2, "records": str(records), "pace_s": pace_s,
+                             "pace_file": pace_file}},
         "scaling": {"num_workers": workers, "global_batch_size": GLOBAL_BATCH, "resize_interval_s": 3},
         "checkpoint": {"every_n_steps": 4, "keep_last": 2},
         "failure": {"max_failures": 3},
     }
 
 
-def lightning_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0):
+def lightning_job(name, tmp_path, records, *, workers, epochs=2, pace_s=0.0, pace_file=None):
     return {
         "name": name, "storage": str(tmp_path / "runs"), "seed": 0,
         "lightning": {
-            "model": {"class_path": "elastic_jobs.IdsModule", "init_args": {"records": str(records), "pace_s": pace_s}},
+            "model": {"class_path": "elastic_jobs.IdsModule",
+                      "init_args": {"records": str(records), "pace_s": pace_s, "pace_file": pace_file}},
             "data": {"class_path": "elastic_jobs.IdsData", "init_args": {"samples": SAMPLES, "batch_size": 2}},
             "trainer": {"max_epochs": epochs},
         },
@@ -91,17 +94,27 @@ def test_one_global_batch_at_one_and_three_workers_trains_the_same_weights(clust
             assert torch.allclose(tensor, models[workers][key], rtol=1e-4, atol=1e-6), (workers, key)
 
 
-def _kill_and_regrow(cluster, run: BackgroundRun, records) -> None:
+def _grown_back(records) -> bool:
+    """Whether a group of three started after the last group of two (the run grew again)."""
+    sizes = world_sizes_by_attempt(str(records))
+    shrunk = [attempt for attempt, world in sizes.items() if world == 2]
+    return bool(shrunk) and any(world == 3 and attempt > max(shrunk) for attempt, world in sizes.items())
+
+
+def _kill_and_regrow(cluster, run: BackgroundRun, records, pace_file) -> None:
     """Once three workers trained some steps, kill a node that holds one; once two workers trained
-    some steps, add a node back."""
+    some steps, add a node back; once three workers train again, stop pacing the steps (removing
+    `pace_file`): the rest of the run only has to finish, every sample of it still recorded."""
     wait_for(lambda: max_step(str(records), world=3) >= 10 or run.ended(), timeout=180)
     assert not run.ended(), "the run ended before the node could be killed"
     victim = next(node for node in cluster.worker_nodes if training_worker_pids(node))
     kill_node(cluster, victim)
     wait_for(lambda: max_step(str(records), world=2) >= 3 * 10 // 2 or run.ended(), timeout=180)
     assert not run.ended(), "the run ended before it could grow again"
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    add_worker_node(cluster)
+    wait_for(lambda: _grown_back(records) or run.ended(), timeout=180)
+    assert not run.ended(), "the run ended before it grew again"
+    os.unlink(pace_file)
 
 
 def _assert_exactly_once(result, records) -> None:
@@ -148,7 +161,9 @@ def test_a_worker_that_cannot_see_the_drivers_run_directory_fails_the_start_nami
 def test_a_run_shrinks_after_a_node_loss_and_grows_back_training_each_sample_once(cluster, tmp_path, job):
     records = tmp_path / "records"
     records.mkdir()
-    run = BackgroundRun(job(f"elastic-{job.__name__}", tmp_path, records, workers=[1, 3], pace_s=0.4), str(tmp_path),
-                        address=cluster.address, console=CONSOLE)
-    _kill_and_regrow(cluster, run, records)
+    pace_file = tmp_path / "pace"  # outside `records`: only step records there
+    pace_file.touch()
+    run = BackgroundRun(job(f"elastic-{job.__name__}", tmp_path, records, workers=[1, 3], pace_s=0.4,
+                            pace_file=str(pace_file)), str(tmp_path), address=cluster.address, console=CONSOLE)
+    _kill_and_regrow(cluster, run, records, pace_file)
     _assert_exactly_once(run.result(timeout=400), records)

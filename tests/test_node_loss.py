@@ -1,8 +1,9 @@
 """A node lost mid-run: Ray Train restarts the worker group on the nodes that are left, the
 workers resume from the newest committed checkpoint, and the run ends with the clean run's weights.
 
-The cluster is real (`ray.cluster_utils.Cluster`, every node on loopback); the lost node is killed
-by its own process ids, its raylet and everything the raylet started, as when a machine dies.
+The cluster is real (`ray.cluster_utils.Cluster`, every node on loopback: the session's shared
+one, tests/clusters.py); the lost node is killed by its own process ids, its raylet and everything
+the raylet started, as when a machine dies, and a node like it is added back after the test.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import ray
 from cli_runs import BackgroundRun
 from conftest import wait_for
-from node_faults import kill_node, loopback_cluster, training_worker_pids
+from node_faults import kill_node, training_worker_pids
 from ray.cluster_utils import Cluster
 from specs import torch_spec
 
@@ -22,11 +23,11 @@ from orchestrator.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture
-def three_node_cluster():
-    """A head without CPUs (the driver's side) and three 1-CPU nodes for two workers."""
-    with loopback_cluster(3) as cluster:
-        yield cluster
+def three_node_cluster(three_nodes):
+    """A head without CPUs (the driver's side) and three 1-CPU nodes for two workers (tests/clusters.py)."""
+    return three_nodes
 
 
 @pytest.mark.timeout(600)
@@ -81,16 +82,18 @@ def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_f
     assert not run.ended(), run.result()
 
     doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
-    deadline = time.monotonic() + PREEMPTION_DEADLINE_S
-    _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
-    store = CheckpointStore(storage.resolve(str(tmp_path / "preempted")))
-    saved = wait_for(lambda: [i for i in store.committed() if i.manifest.reason == "preemption"] or run.ended(),
-                     timeout=PREEMPTION_DEADLINE_S)
-    assert not run.ended(), run.result()
-    # At the deadline Ray Train restarts the group away from the drained node; then the cloud
-    # takes the machine.
-    time.sleep(max(0.0, deadline - time.monotonic()) + 2)
-    kill_node(cluster, doomed)
+    try:
+        deadline = time.monotonic() + PREEMPTION_DEADLINE_S
+        _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
+        store = CheckpointStore(storage.resolve(str(tmp_path / "preempted")))
+        saved = wait_for(lambda: [i for i in store.committed() if i.manifest.reason == "preemption"] or run.ended(),
+                         timeout=PREEMPTION_DEADLINE_S)
+        assert not run.ended(), run.result()
+        # At the deadline Ray Train restarts the group away from the drained node; then the cloud
+        # takes the machine.
+        time.sleep(max(0.0, deadline - time.monotonic()) + 2)
+    finally:
+        kill_node(cluster, doomed)  # drained or not, it goes: the shared cluster gets a fresh node back
     result = run.result()
 
     assert result.status == "finished"

@@ -35,9 +35,11 @@ pytestmark = pytest.mark.slow
 BIN = os.path.dirname(sys.executable)
 
 
-@pytest.fixture
-def head_node():
-    """A one-node Ray cluster with the dashboard and Jobs API on loopback; yields (address, env)."""
+@pytest.fixture(scope="module")
+def head_node(tmp_path_factory):
+    """A one-node Ray cluster with the dashboard and Jobs API on loopback; yields (address, env).
+    One head serves the module: a job leaves nothing on it that the next one would see (each has
+    its own submission id and storage)."""
     # Short: Ray's socket paths live under it and must stay under the OS limit of 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="rj-", dir="/tmp")
     dashboard_port = free_port()
@@ -47,6 +49,10 @@ def head_node():
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # What conftest's _isolated_state gives each test, for the head the module's tests share:
+        # the jobs' drivers get their environment from it.
+        "ORCHESTRATOR_STATE_DIR": str(tmp_path_factory.mktemp("state")),
+        "ORCHESTRATOR_DATA_DIR": os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path_factory.mktemp("data"))),
     }
     # As users start a head: Ray's own `ray job stop` wait (3 s); a job sets its own below.
     env.pop("RAY_JOB_STOP_WAIT_TIME_S", None)
@@ -55,8 +61,11 @@ def head_node():
         started = subprocess.run(
             [os.path.join(BIN, "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--num-cpus=2",
+             # Its own port for the job agent: on Ray's default (52365) it fails to bind wherever
+             # another Ray cluster on this machine holds it, and no job could be submitted.
+             f"--dashboard-agent-listen-port={free_port()}",
              f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-            env=env, capture_output=True, text=True, timeout=180,
+            env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
         )
         session_dir = os.path.realpath(session_dir)
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
