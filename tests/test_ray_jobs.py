@@ -5,6 +5,7 @@ users run it (README, "On a cluster"), with Ray's default `ray job stop` wait; t
 uses RAY_AUTH_MODE=token and RAY_AUTH_TOKEN. A job stopped with `ray job stop` reports itself
 stopped, and the same job submitted again resumes from the newest committed checkpoint and ends
 with the clean run's weights. A job whose storage is a relative path is refused before it trains.
+`orchestrator torchrun` submitted as a job runs its script's ranks.
 The head's processes are ended by their own process ids at the end.
 """
 
@@ -203,3 +204,27 @@ def test_a_relative_storage_is_refused_under_ray_job_submit(head_node, tmp_path)
     assert landed and "/_ray_pkg_" in landed.group(1) and landed.group(1).endswith("/runs/here"), error
     assert "silently start fresh" in error and "Fix:" in error and "~/" in error and "s3://" in error
     assert "Traceback" not in logs
+
+
+@pytest.mark.timeout(400)
+def test_a_torchrun_command_submitted_as_a_ray_job_trains_its_ranks_and_succeeds(head_node, tmp_path):
+    """`ray job submit -- orchestrator torchrun ...`: the script travels in the job's working_dir
+    and runs unchanged as 2 ranks under the head's one worker; the job succeeds."""
+    address, env = head_node
+    job_id = f"torchrun-{secrets.token_hex(4)}"
+    args = ("submit", "--no-wait", "--submission-id", job_id, "--working-dir", REPO, "--",
+            "orchestrator", "torchrun", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name", "rj",
+            os.path.join("tests", "torchrun_seed.py"), "--work_dir", "{run_dir}/work", "--epochs", "2")
+    submitted = _ray_job(env, address, *args)
+    deadline = time.monotonic() + 180  # the head's job agent may not be up yet; Ray says to try again
+    while "No available agent to submit job" in submitted.stderr and time.monotonic() < deadline:
+        time.sleep(2)
+        submitted = _ray_job(env, address, *args)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    wait_for(lambda: _status(env, address, job_id) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout=300, interval=1)
+    logs = _ray_job(env, address, "logs", job_id).stdout
+    assert _status(env, address, job_id) == "SUCCEEDED", logs[-4000:]
+    assert "2 ranks up (1 node(s) x 2)" in logs and "rank 0: epoch 1 loss" in logs, logs[-4000:]
+    with open(tmp_path / "rj" / "work" / "final.json") as f:
+        assert json.load(f)["world_size"] == 2
+    assert os.path.exists(tmp_path / "rj" / "logs" / "rank-1.log")

@@ -1,7 +1,8 @@
 """`orchestrator torchrun` end to end, with a script written the torchrun way (tests/torchrun_seed.py),
 as a user's shell runs both commands: against plain `torchrun` on the same script, through faults
-a rank suffers (SIGKILL, SIGSTOP, a bug), on two loopback nodes of two ranks each, and elastic
-over a lost node. `ray job submit` of the command is in test_ray_jobs.py."""
+a rank suffers (SIGKILL, SIGSTOP, a bug, the driver's SIGTERM), on two loopback nodes of two ranks
+each (the session's shared cluster, tests/clusters.py), and elastic over a lost node. `ray job
+submit` of the command is in test_ray_jobs.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 from conftest import REPO, free_port, run_cli, wait_for
-from node_faults import kill_node, loopback_cluster
+from node_faults import kill_node
 
 pytestmark = pytest.mark.slow
 
@@ -132,22 +133,16 @@ def test_more_ranks_than_the_local_cluster_can_ever_hold_is_bad_input(tmp_path):
 # --- two loopback nodes --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_nodes():
-    """A head without CPUs (the driver's side) and two 1-CPU nodes; each node's worker holds its two
-    ranks with one CPU (scaling.resources_per_worker), as a node of K GPUs holds K ranks."""
-    with loopback_cluster(2) as cluster:
-        yield cluster
-
-
+# The shared cluster's nodes have 1 CPU: each node's worker holds its two ranks with it, as a node
+# of K GPUs holds K ranks.
 ONE_CPU = "scaling.resources_per_worker={CPU: 1}"
 
 
 @pytest.mark.timeout(400)
-def test_two_nodes_of_two_ranks_each_get_every_variable_torchrun_gives(two_nodes, tmp_path):
+def test_two_nodes_of_two_ranks_each_get_every_variable_torchrun_gives(three_nodes, tmp_path):
     env_out = tmp_path / "seen"
     done = run_cli("torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "4", "--storage",
-                   str(tmp_path), "--name", "env", "--address", two_nodes.address, "--set", ONE_CPU,
+                   str(tmp_path), "--name", "env", "--address", three_nodes.address, "--set", ONE_CPU,
                    "--env", "SEED_FROM_FLAG=1", SEED, "--work_dir", "{run_dir}/work", "--epochs", "1",
                    "--env_out", str(env_out), timeout=300,
                    env={"NCCL_DEBUG": "WARN", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "3"})
@@ -179,10 +174,12 @@ def test_two_nodes_of_two_ranks_each_get_every_variable_torchrun_gives(two_nodes
 
 
 @pytest.mark.timeout(500)
-def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(two_nodes, tmp_path):
-    """--nnodes 1:2: a node killed in epoch 1 (its raylet and workers SIGKILLed; its ranks die with
-    their worker); Ray Train restarts the group on the node left, WORLD_SIZE 2, restart count 1,
-    and the script resumes from its checkpoint. The node is added back for the next test."""
+def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(three_nodes, tmp_path):
+    """--nnodes 1:2 on two nodes: one killed in epoch 1 (its raylet and workers SIGKILLed; its ranks
+    die with their worker); Ray Train restarts the group on the node left, WORLD_SIZE 2, restart
+    count 1, and the script resumes from its checkpoint. (The fixture puts the nodes back.)"""
+    two_nodes = three_nodes
+    two_nodes.remove_node(next(iter(two_nodes.worker_nodes)))  # two nodes: none to grow back onto
     work = tmp_path / "elastic" / "work"
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "torchrun", "--nnodes", "1:2", "--nproc_per_node", "2",
@@ -199,8 +196,6 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
         if process.poll() is None:
             process.kill()
             process.wait()
-        two_nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        two_nodes.wait_for_nodes()
     assert process.returncode == 0, output[-4000:]
     starts = [e for e in _events(str(work)) if e["kind"] == "start"]
     assert starts[0]["world_size"] == 4 and starts[-1]["world_size"] == 2, starts
