@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, free_port, run_cli, wait_for
+from conftest import REPO, free_port, run_cli, scratch_in_tmp, wait_for
 from node_faults import kill_node
 
 pytestmark = pytest.mark.slow
@@ -181,6 +181,7 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
     two_nodes = three_nodes
     two_nodes.remove_node(next(iter(two_nodes.worker_nodes)))  # two nodes: none to grow back onto
     work = tmp_path / "elastic" / "work"
+    scratch_before = scratch_in_tmp()
     process = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "torchrun", "--nnodes", "1:2", "--nproc_per_node", "2",
          "--storage", str(tmp_path), "--name", "elastic", "--address", two_nodes.address, "--set", ONE_CPU,
@@ -202,6 +203,8 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
     assert starts[-1]["restart"] >= 1
     assert _final(str(work))["world_size"] == 2 and _final(str(work))["epochs"] == 3
     assert _summary(tmp_path, "elastic")["status"] == "finished"
+    # The killed node's supervisor could not remove its scratch folder; the restarted one did.
+    assert scratch_in_tmp() - scratch_before == set()
 
 
 @pytest.mark.timeout(300)

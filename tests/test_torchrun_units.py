@@ -268,3 +268,16 @@ def test_a_rank_takes_the_users_niceness_instead_of_the_one_ray_gives_its_worker
     done = subprocess.run([sys.executable, BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "ORCHESTRATOR_NICENESS": "2"}, preexec_fn=lambda: os.nice(15))
     assert done.stdout.strip() == "2", done.stdout + done.stderr
+
+
+def test_a_killed_supervisors_scratch_folder_is_removed_by_the_next_one_and_a_live_ones_is_kept(tmp_path,
+                                                                                                 monkeypatch):
+    from orchestrator.runtime.script import supervisor
+
+    monkeypatch.setattr(supervisor.tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{supervisor.SCRATCH_PREFIX}{dead.pid}-abc").mkdir()
+    (tmp_path / f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def").mkdir()
+    supervisor._remove_stale_scratch()
+    assert sorted(os.listdir(tmp_path)) == [f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def"]

@@ -41,6 +41,8 @@ log = logging.getLogger("orchestrator.worker")
 
 # Seconds between looks at the children, and at the round's verdict once this node reported.
 POLL_S = 0.1
+# This node's scratch folder (the ranks' step counters, failure records, error files): <tmp>/<prefix><pid>-*.
+SCRATCH_PREFIX = "orchestrator-script-"
 # Seconds between asks for the round's verdict while this node's ranks run (a peer node's failure).
 VERDICT_S = 0.25
 # Seconds between heartbeats (one per child) and between progress events to the driver.
@@ -63,7 +65,8 @@ class Supervisor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.hostname = socket.gethostname()
         self.run_dir = RunDir.at(config.run_uri)
-        self.scratch = tempfile.mkdtemp(prefix="orchestrator-script-")
+        _remove_stale_scratch()
+        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         self.ranks: LocalRanks | None = None
         self.placement: Placement | None = None
         self.beat_key: tuple[int, int] = (0, 0)
@@ -336,6 +339,18 @@ class Supervisor:
             lines, self._echoed = self._echoed, []
         if lines:
             self.monitor.push.remote("output", rank=0, lines=lines)
+
+
+def _remove_stale_scratch() -> None:
+    """The scratch folders of supervisors that were killed (a lost node, Ray's teardown) before
+    they could remove their own: their process ids are in their names."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if not name.startswith(SCRATCH_PREFIX):
+            continue
+        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _free_port() -> int:
