@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO, free_port, run_cli, scratch_in_tmp, wait_for
 from node_faults import kill_node
 
@@ -208,12 +209,18 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_the_driver_reaches_every_rank_as_under_torchrun_and_exits_143(tmp_path):
+def test_a_spec_with_a_script_section_stopped_by_sigterm_passes_it_to_every_rank_and_exits_143(tmp_path):
+    """The second way in, `orchestrator run SPEC.yaml` with a script: section, and the driver's
+    SIGTERM: every rank gets it, as under torchrun, and the command exits 143."""
     work, seen = tmp_path / "stop" / "work", tmp_path / "seen"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "torchrun", "--nproc_per_node", "2", "--storage", str(tmp_path),
-         "--name", "stop", SEED, "--work_dir", "{run_dir}/work", "--step_sleep", "0.3", "--env_out", str(seen)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    spec = tmp_path / "stop.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "stop", "storage": str(tmp_path),
+        "script": {"path": SEED, "nproc_per_node": 2,
+                   "args": ["--work_dir", "{run_dir}/work", "--step_sleep", "0.3", "--env_out", str(seen)]},
+        "scaling": {"num_workers": 1}}))
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
             e["kind"] == "first_step" for e in _events(str(work))), timeout=200, interval=0.5)
@@ -224,9 +231,10 @@ def test_sigterm_to_the_driver_reaches_every_rank_as_under_torchrun_and_exits_14
             process.kill()
             process.wait()
     assert process.returncode == 143, output[-3000:]
+    assert "2 ranks up (1 node(s) x 2)" in output
     assert "run 'stop' stopped by SIGTERM: every rank was sent SIGTERM" in output, output[-3000:]
     ranks = [json.load(open(seen / name)) for name in os.listdir(seen)]
-    assert len(ranks) == 2
+    assert sorted(r["RANK"] for r in ranks) == ["0", "1"]
     assert not os.path.exists(work / "final.json")  # stopped part-way, not run to the end
     for parent in {r["parent_pid"] for r in ranks}:  # no rank and no supervising worker is left
         assert not os.path.exists(f"/proc/{parent}"), f"the supervising worker {parent} is still running"
