@@ -201,8 +201,11 @@ def test_a_scripts_own_exit_status_is_kept_and_recorded(tmp_path):
     with open(files["ORCHESTRATOR_FAILURE_FILE"]) as f:
         assert json.load(f)["error"] == "the script exited with status 3"
     os.remove(files["ORCHESTRATOR_FAILURE_FILE"])
+    assert not os.path.exists(files["ORCHESTRATOR_FAILURE_FILE"] + ".returned")
     code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(0)\n")
     assert code == 0 and not os.path.exists(files["ORCHESTRATOR_FAILURE_FILE"])
+    # Ran to its end: a crash in the interpreter's teardown after this is not a failure of the script.
+    assert os.path.exists(files["ORCHESTRATOR_FAILURE_FILE"] + ".returned")
 
 
 def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_on_the_signal(tmp_path):

@@ -132,6 +132,7 @@ def main(argv: list[str]) -> int:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         if exc.code in (None, 0):
+            _returned()
             return 0
         _write_failure(exc, target)
         if isinstance(exc.code, int):
@@ -145,7 +146,16 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         _write_failure(exc, target)
         return 1
+    _returned()
     return 0
+
+
+def _returned() -> None:
+    """The script ran to its end: a crash after this (a library's teardown at exit) is no failure."""
+    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    if path:
+        with open(path + ".returned", "w"):
+            pass
 
 
 if __name__ == "__main__":

@@ -112,6 +112,10 @@ class Child:
     def last_lines(self) -> list[str]:
         return [line for line in self.tail if line.strip()][-QUOTED_LINES:]
 
+    def returned(self) -> bool:
+        """Whether the script ran to its end (bootstrap.py marks it before the interpreter's exit)."""
+        return os.path.exists(self.failure_file + ".returned")
+
     def failure(self) -> dict | None:
         """What the bootstrap wrote of an uncaught exception (None: it wrote nothing)."""
         try:
@@ -153,9 +157,6 @@ class LocalRanks:
 
     def exited(self) -> list[tuple[Child, int]]:
         return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
-
-    def all_succeeded(self) -> bool:
-        return all(c.process.poll() == 0 for c in self.children)
 
     def dump_stacks(self, wait_s: float = 2.0) -> dict[int, str]:
         """Every live child's Python stacks into its log; where each one's own code stood (rank -> file:line)."""

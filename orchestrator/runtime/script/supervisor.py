@@ -77,6 +77,7 @@ class Supervisor:
         self._last_beat = 0.0
         self._first_step_seen = False
         self._last_progress_step = 0
+        self._teardown_warned: set[int] = set()
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
 
@@ -174,12 +175,25 @@ class Supervisor:
     def _outcome(self) -> dict[str, Any] | None:
         """This node's part of the round, once known: a failed child's record, or all exited 0."""
         exited = self.ranks.exited()
-        failed = sorted((c for c, code in exited if code != 0), key=lambda c: c.rank)
+        failed = sorted((c for c, code in exited if code != 0 and not self._crashed_after_end(c, code)),
+                        key=lambda c: c.rank)
         if failed:
             return self._failure_of(failed[0])
         if len(exited) == len(self.ranks.children):
             return {"ok": True}
         return None
+
+    def _crashed_after_end(self, child, code: int) -> bool:
+        """A signal death after the script returned: a library's teardown at exit (torch 2.13's gloo
+        at times aborts there). The training is done; restarting it would only repeat the crash."""
+        if code >= 0 or not child.returned():
+            return False
+        if child.rank not in self._teardown_warned:
+            self._teardown_warned.add(child.rank)
+            self.monitor.push.remote("warning", message=(
+                f"rank {child.rank}'s script ran to its end, then its process died by {_signal_name(-code)} in the "
+                "interpreter's teardown (a library's exit handler); counted as finished"))
+        return True
 
     def _failure_of(self, child) -> dict[str, Any]:
         code = child.process.returncode
