@@ -39,6 +39,23 @@ def _summary(storage, name: str) -> dict:
         return json.load(f)
 
 
+def _strike_when(argv: list[str], work, seen_event, act, timeout: float) -> tuple[int, str]:
+    """Run the command line `argv` in the background; once rank 0's events show `seen_event`
+    (a predicate on one event), call `act(process)`; its exit status and output."""
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
+            seen_event(e) for e in _events(str(work))), timeout=240, interval=0.5)
+        act(process)
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process.returncode, output
+
+
 @pytest.fixture(scope="module")
 def plain_torchrun(tmp_path_factory):
     """The clean run's weights under plain torchrun (c10d rendezvous on loopback), 2 ranks, 4 epochs."""
@@ -183,22 +200,13 @@ def test_an_elastic_run_loses_a_node_and_finishes_on_the_other_at_world_size_2(t
     two_nodes.remove_node(next(iter(two_nodes.worker_nodes)))  # two nodes: none to grow back onto
     work = tmp_path / "elastic" / "work"
     scratch_before = scratch_in_tmp()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "torchrun", "--nnodes", "1:2", "--nproc_per_node", "2",
-         "--storage", str(tmp_path), "--name", "elastic", "--address", two_nodes.address, "--set", ONE_CPU,
-         SEED, "--work_dir", "{run_dir}/work", "--epochs", "3", "--step_sleep", "0.25"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
-            e["kind"] == "epoch_end" and e["epoch"] == 0 for e in _events(str(work))), timeout=240, interval=0.5)
-        victim = next(n for n in two_nodes.worker_nodes if n is not two_nodes.head_node)
-        kill_node(two_nodes, victim)
-        output, _ = process.communicate(timeout=400)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, output[-4000:]
+    argv = ["torchrun", "--nnodes", "1:2", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name", "elastic",
+            "--address", two_nodes.address, "--set", ONE_CPU, SEED, "--work_dir", "{run_dir}/work", "--epochs", "3",
+            "--step_sleep", "0.25"]
+    victim = next(n for n in two_nodes.worker_nodes if n is not two_nodes.head_node)
+    code, output = _strike_when(argv, work, lambda e: e["kind"] == "epoch_end" and e["epoch"] == 0,
+                                lambda process: kill_node(two_nodes, victim), timeout=400)
+    assert code == 0, output[-4000:]
     starts = [e for e in _events(str(work)) if e["kind"] == "start"]
     assert starts[0]["world_size"] == 4 and starts[-1]["world_size"] == 2, starts
     assert starts[-1]["restart"] >= 1
@@ -219,18 +227,9 @@ def test_a_spec_with_a_script_section_stopped_by_sigterm_passes_it_to_every_rank
         "script": {"path": SEED, "nproc_per_node": 2,
                    "args": ["--work_dir", "{run_dir}/work", "--step_sleep", "0.3", "--env_out", str(seen)]},
         "scaling": {"num_workers": 1}}))
-    process = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec)], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
-            e["kind"] == "first_step" for e in _events(str(work))), timeout=200, interval=0.5)
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 143, output[-3000:]
+    code, output = _strike_when(["run", str(spec)], work, lambda e: e["kind"] == "first_step",
+                                lambda process: process.send_signal(signal.SIGTERM), timeout=60)
+    assert code == 143, output[-3000:]
     assert "2 ranks up (1 node(s) x 2)" in output
     assert "run 'stop' stopped by SIGTERM: every rank was sent SIGTERM" in output, output[-3000:]
     ranks = [json.load(open(seen / name)) for name in os.listdir(seen)]
