@@ -86,7 +86,6 @@ class Child:
     log_path: str
     started: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    output: list[str] = field(default_factory=list)  # lines since the last look (rank 0's, for the console)
     reader: threading.Thread | None = None
 
     def progress(self) -> tuple[int, float]:
@@ -130,7 +129,6 @@ class LocalRanks:
 
     def __init__(self, command: list[str], cwd: str, base_env: dict[str, str], placement: Placement, scratch: str,
                  log_dir: str | None, echo: Callable[[str], None] | None = None):
-        self.placement = placement
         self.children: list[Child] = []
         attempt = os.path.join(scratch, f"attempt_{placement.restart_count}")
         for local_rank in range(placement.local_world_size):
