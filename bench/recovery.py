@@ -74,9 +74,12 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The node-killing helpers are the node-loss tests' own.
 sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, REPO)
 
 from node_faults import kill_node as _kill_node  # noqa: E402
 from node_faults import training_worker_pids as _training_worker_pids  # noqa: E402
+
+from bench.jsonl import read_jsonl  # noqa: E402
 
 SIDES = ("orchestrator", "raw")
 FAULTS = ("node", "sigstop", "elastic")
@@ -104,18 +107,7 @@ def _wait_for(what: str, predicate, timeout: float, interval: float = 0.05):
 
 
 def _read_log(path: str) -> list[dict]:
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        return []
-    lines = []
-    for raw in text.splitlines():
-        try:
-            lines.append(json.loads(raw))
-        except ValueError:  # a line being written right now
-            continue
-    return lines
+    return read_jsonl(path)
 
 
 def _processes_of(temp_dir: str) -> list[int]:

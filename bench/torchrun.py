@@ -69,6 +69,10 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.jsonl import read_jsonl  # noqa: E402 - after the path is set
+
 SEED = os.path.join(REPO, "tests", "torchrun_seed.py")
 PARTS = {"a": "steps/s", "b": "SIGKILL, in place", "c": "SIGKILL, ctx path", "d": "SIGSTOP"}
 SIDES = ("torchrun", "orchestrator")
@@ -336,18 +340,7 @@ class Setup:
 
 
 def _events(work: str) -> list[dict]:
-    try:
-        with open(os.path.join(work, "events.jsonl")) as f:
-            text = f.read()
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:  # a line being written
-            continue
-    return found
+    return read_jsonl(os.path.join(work, "events.jsonl"))
 
 
 def _marker(work: str, fault: str) -> float | None:
@@ -572,7 +565,6 @@ def main() -> int:
             print("--gpu: torch sees no CUDA device; nothing measured")
             return 1
         skip |= {"c", "d"}
-    sys.path.insert(0, REPO)
     parts = [p for p in PARTS if p not in skip]
 
     root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="torchrun-bench-")
