@@ -12,13 +12,13 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 
 from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
 from orchestrator.driver.rounds import FAIL, FINISH, RESTART, SETTLE_S, WAIT, InPlaceRounds
 from orchestrator.errors import SpecError, UserError
-from orchestrator.runtime.script.children import BOOTSTRAP, Placement
+from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.spec import resolve_spec
 
 SEED = os.path.join("tests", "torchrun_seed.py")
@@ -232,6 +232,37 @@ def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_stopped_ranks_stack_is_taken_where_it_stopped_before_it_runs_on(tmp_path):
+    """A SIGSTOPped rank is continued so that it can dump its stacks; its other threads run on too,
+    and whichever thread took the signal, the named line must be where the main thread stopped,
+    not where it got to after. (Five busy threads make a wrong thread likely on every try.)"""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, signal, threading, time\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        sum(range(100))\n"
+        "for _ in range(5):\n"
+        "    threading.Thread(target=spin, daemon=True).start()\n"
+        "def stuck_here():\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "def moved_on():\n"
+        "    time.sleep(0.1)\n"
+        "while True:\n"
+        "    stuck_here()\n"
+        "    moved_on()\n")
+    placement = Placement(group_rank=0, group_world_size=1, local_world_size=1, master_addr="127.0.0.1",
+                          master_port=29500, restart_count=0, max_restarts=0, run_id="stacks")
+    ranks = LocalRanks([str(script)], cwd=str(tmp_path), base_env=dict(os.environ), placement=placement,
+                       scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
+    try:
+        for _ in range(5):
+            wait_for(ranks.children[0].stopped, timeout=30)
+            assert ranks.dump_stacks(wait_s=10) == {0: "train.py:8 in stuck_here"}
+    finally:
+        ranks.stop()
 
 
 # --- the spec's script: section -----------------------------------------------------------------

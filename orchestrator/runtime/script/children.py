@@ -8,6 +8,7 @@ supervisor), reads their optimizer-step counters, dumps their stacks, and stops 
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 import re
@@ -35,6 +36,7 @@ QUOTED_LINES = 8
 # Variables Ray Train sets in its worker for its own process group: the script gets torchrun's.
 RAY_TRAIN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                   "ACCELERATE_TORCH_DEVICE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -163,7 +165,7 @@ class LocalRanks:
             if child.process.poll() is None:
                 marks.add(child.rank)
                 child.tail.clear()
-                _signal(child, STACK_SIGNAL)
+                _signal_main_thread(child, STACK_SIGNAL)
                 _signal(child, signal.SIGCONT)  # a stopped process handles the signal once continued
         deadline = time.monotonic() + wait_s
         where: dict[int, str] = {}
@@ -204,6 +206,19 @@ def _signal(child: Child, signum: int) -> None:
         os.kill(child.process.pid, signum)
     except ProcessLookupError:
         pass
+
+
+def _signal_main_thread(child: Child, signum: int) -> None:
+    """`signum` to the child's main thread alone (its thread id is its pid). A signal sent to the
+    process goes to whichever of its threads runs first: once a stopped process is continued, that
+    is often not the main thread, which then runs on past the line it was stuck at before the dump
+    reads its stack. A signal pending on the main thread is handled before it runs another
+    instruction of its own."""
+    tgkill = getattr(_LIBC, "tgkill", None)  # glibc >= 2.30
+    if tgkill is None:
+        _signal(child, signum)
+    else:
+        tgkill(child.process.pid, child.process.pid, signum)  # -1 (ESRCH) for a child that is gone
 
 
 def _copy_output(child: Child, echo: Callable[[str], None] | None) -> None:
