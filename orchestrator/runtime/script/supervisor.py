@@ -45,6 +45,10 @@ POLL_S = 0.1
 SCRATCH_PREFIX = "orchestrator-script-"
 # Seconds between asks for the round's verdict while this node's ranks run (a peer node's failure).
 VERDICT_S = 0.25
+# The same for a run of one node: no peer can fail there, and its own failures are decided at
+# once, so only a hang verdict arrives this way (after failure.hang_timeout_s, at least 5 s).
+# Four actor calls a second fewer while training, on cores the ranks use.
+LONE_VERDICT_S = 1.0
 # Seconds between heartbeats (one per child) and between progress events to the driver.
 BEAT_S = 1.0
 PROGRESS_S = 2.0
@@ -165,7 +169,7 @@ class Supervisor:
                 continue
             # A failure here is decided at once; one on another node reaches this one within VERDICT_S.
             now = time.monotonic()
-            if not reported and now - last_asked < VERDICT_S:
+            if not reported and now - last_asked < (VERDICT_S if self.workers > 1 else LONE_VERDICT_S):
                 continue
             last_asked = now
             verdict = ray.get(self.monitor.script_verdict.remote(group, round_), timeout=60)
