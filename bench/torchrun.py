@@ -291,15 +291,17 @@ class Setup:
         self.args, self.root = args, root
         self.state_dir = os.path.join(root, "orchestrator-state")
         os.makedirs(self.state_dir, exist_ok=True)
-        self.nproc = 2
+        self.nproc = args.nproc
         if args.gpu:
             import torch
 
-            self.nproc = min(2, torch.cuda.device_count())
+            self.nproc = min(args.nproc, torch.cuda.device_count())
         # Both sides get the same environment: no OMP_NUM_THREADS (each sets 1 for 2 ranks a
         # node), no Ray address (the orchestrator starts an embedded cluster of its own).
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS") and not k.startswith("RAY_TRAIN_")}
+        if args.omp_threads:  # as a user's shell exports it: torchrun's ranks inherit it, and so do ours
+            self.env["OMP_NUM_THREADS"] = str(args.omp_threads)
         self.env["ORCHESTRATOR_STATE_DIR"] = self.state_dir
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         # torch 2.13's c10d rendezvous shares its TCPStore with the ranks (TORCHELASTIC_USE_AGENT_STORE)
@@ -552,6 +554,11 @@ def main() -> int:
     parser.add_argument("--stop-wait", type=float, default=90.0,
                         help="seconds plain torchrun is given after the SIGSTOP to take a step (part d)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument("--nproc", type=int, default=2,
+                        help="ranks (--nproc_per_node) on both sides; 1 with --omp-threads 1 leaves a core of "
+                             "a 2-core machine to each launcher's own processes")
+    parser.add_argument("--omp-threads", type=int, default=0,
+                        help="OMP_NUM_THREADS exported to both commands (default: unset, torchrun's rule)")
     parser.add_argument("--gpu", action="store_true",
                         help="one GPU a rank, NCCL (min(2, GPUs) ranks); parts a and b only")
     args = parser.parse_args()
