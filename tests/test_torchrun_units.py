@@ -78,6 +78,8 @@ def test_a_missing_script_or_module_is_refused_naming_where_it_was_looked_for():
      ["'missing_train.py' is not a file", "Fix:"]),
     (["torchrun", "--nproc_per_node", "0", SEED], ["--nproc_per_node '0'", "Fix:"]),
     (["torchrun", "--bogus", SEED], ["unrecognized arguments: --bogus"]),
+    # Only the script is missing: the script's arguments are optional.
+    (["torchrun", "--nproc_per_node", "2"], ["no training script", "SCRIPT", "Fix:"]),
 ])
 def test_bad_input_exits_2_with_one_paragraph_and_no_traceback_before_ray_starts(argv, words):
     done = run_cli(*argv, timeout=60)

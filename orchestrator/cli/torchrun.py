@@ -47,7 +47,9 @@ def add(commands) -> None:
     cmd.add_argument("--standalone", action="store_true", help="accepted and ignored (Ray does the rendezvous)")
     for flag in RENDEZVOUS_FLAGS:
         cmd.add_argument(*_spellings(flag), dest=flag, default=None, help=argparse.SUPPRESS)
-    cmd.add_argument("script", metavar="SCRIPT", help="the training script (or module, with -m)")
+    # Optional to argparse only so that a missing one gets our message (argparse's would call the
+    # script's own arguments required too); spec_from_args refuses it.
+    cmd.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script (or module, with -m)")
     cmd.add_argument("script_args", nargs=argparse.REMAINDER, metavar="SCRIPT_ARGS",
                      help="the script's own arguments, untouched; {run_dir}, {name} and {storage} are filled in")
     cmd.set_defaults(handle=handle)
@@ -58,6 +60,10 @@ def spec_from_args(args: argparse.Namespace) -> dict:
     if args.no_python:
         raise UserError("--no-python is not supported: the ranks run a Python script (or -m module) under a "
                         "small bootstrap that reports their progress and errors. Fix: name the Python script.")
+    if args.script is None:
+        raise UserError("no training script was given. Fix: name it after the flags, as with torchrun: "
+                        "`orchestrator torchrun --nproc_per_node 2 train.py [SCRIPT_ARGS...]` "
+                        "(or `-m package.module`).")
     nproc = _count(args.nproc_per_node, "--nproc_per_node")
     nodes = _nodes(args.nnodes)
     target = {"module": args.script} if args.module else {"path": args.script}
