@@ -47,7 +47,7 @@ SCRATCH_PREFIX = "orchestrator-script-"
 VERDICT_S = 0.25
 # The same for a run of one node: no peer can fail there, and its own failures are decided at
 # once, so only a hang verdict arrives this way (after failure.hang_timeout_s, at least 5 s).
-# Four actor calls a second fewer while training, on cores the ranks use.
+# Three actor calls a second fewer while training, on cores the ranks use.
 LONE_VERDICT_S = 1.0
 # Seconds between heartbeats (one per child) and between progress events to the driver.
 BEAT_S = 1.0
