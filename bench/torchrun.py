@@ -296,8 +296,8 @@ class Setup:
             import torch
 
             self.nproc = min(args.nproc, torch.cuda.device_count())
-        # Both sides get the same environment: no OMP_NUM_THREADS (each sets 1 for 2 ranks a
-        # node), no Ray address (the orchestrator starts an embedded cluster of its own).
+        # Both sides get the same environment: OMP_NUM_THREADS only with --omp-threads (else each
+        # sets 1 for 2 ranks a node), no Ray address (the orchestrator starts an embedded cluster).
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS") and not k.startswith("RAY_TRAIN_")}
         if args.omp_threads:  # as a user's shell exports it: torchrun's ranks inherit it, and so do ours
@@ -560,7 +560,7 @@ def main() -> int:
     parser.add_argument("--omp-threads", type=int, default=0,
                         help="OMP_NUM_THREADS exported to both commands (default: unset, torchrun's rule)")
     parser.add_argument("--gpu", action="store_true",
-                        help="one GPU a rank, NCCL (min(2, GPUs) ranks); parts a and b only")
+                        help="one GPU a rank, NCCL (min(--nproc, GPUs) ranks); parts a and b only")
     args = parser.parse_args()
     skip = {p.strip() for p in args.skip.split(",") if p.strip()}
     if skip - set(PARTS):

@@ -10,6 +10,7 @@ a default route, else inside a network namespace of their own that has one.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import subprocess
@@ -170,15 +171,10 @@ def plain_head(prefix, env):
 def _session_of_gcs_port(temp_dir: str, port: str) -> str:
     """The session folder of the head whose GCS listens on `port`: Ray writes the port into it.
     (Not session_latest: a cluster that another test starts meanwhile moves that link.)"""
-    for name in sorted(os.listdir(temp_dir), reverse=True):
-        session = os.path.join(temp_dir, name)
-        if not name.startswith("session_2") or not os.path.isdir(session):
-            continue
-        for entry in os.listdir(session):
-            if entry.startswith("gcs_server_port_"):
-                with open(os.path.join(session, entry)) as f:
-                    if f.read().strip() == port:
-                        return session
+    for path in glob.glob(os.path.join(temp_dir, "session_2*", "gcs_server_port_*")):
+        with open(path) as f:
+            if f.read().strip() == port:
+                return os.path.dirname(path)
     raise AssertionError(f"no session folder in {temp_dir} names GCS port {port}")
 
 
