@@ -158,18 +158,24 @@ def _record_env(ctx, record: dict | None) -> None:
 
 def slow_loop(ctx) -> None:
     """jobs.digits_torch's loop, slowed down so it can be interrupted from outside (driver kill,
-    ray job stop); with `mark_at` and `marker` in its config it announces that step."""
+    ray job stop); with `mark_at` and `marker` in its config it announces that step, and with
+    `hold_s` rank 0 then waits that long once, so the run is still there however long the test
+    takes to act on the marker."""
     import time
 
     sleep_s = ctx.config.pop("sleep_s", 0.2)
     marker, mark_at = ctx.config.pop("marker", None), ctx.config.pop("mark_at", None)
+    hold_s = ctx.config.pop("hold_s", 0.0)
     _record_env(ctx, ctx.config.pop("env_record", None))
     original_step = ctx.step
 
     def step(**metrics):
         time.sleep(sleep_s)
         original_step(**metrics)
-        _mark(marker, ctx.global_step, mark_at, ctx.rank)
+        if marker and not os.path.exists(marker):
+            _mark(marker, ctx.global_step, mark_at, ctx.rank)
+            if os.path.exists(marker):
+                time.sleep(hold_s)
 
     ctx.step = step
     digits_train_loop(ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import pytest
 from conftest import REPO, run_cli, wait_for
+from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
@@ -94,26 +96,45 @@ def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_p
     wait_for(lambda: not session_pids(session_dir), timeout=30)
 
 
+# Late enough that a checkpoint (every 10 steps) is committed before the driver dies, and early
+# enough that the workers, which outlive a killed driver by a second or two, do not finish the run.
+# Random each run; set ORCHESTRATOR_TEST_DRIVER_KILL_STEP to replay one.
+DRIVER_KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_DRIVER_KILL_STEP", random.Random().randint(12, 40)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_is_taken_over_once_dead(tmp_path):
+def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_once_dead_is_taken_over_to_the_clean_weights(
+        tmp_path, clean_torch):
+    # The session's clean torch run (tests/specs.py), slowed down so the driver can be killed
+    # mid-run; the driver that takes over trains the same spec without the sleeps, and must end
+    # with the clean run's weights, bit for bit.
+    import yaml
+
     state_dir = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests"), "ORCHESTRATOR_STATE_DIR": str(state_dir)}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
-         "--set", "torch.train_loop=faulty:slow_loop", "--set", "torch.max_epochs=50"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
+    marker = tmp_path / "marker"
+    job = tmp_path / "job.yaml"
+    # Rank 0 holds for 30 s at the marked step (under failure.hang_timeout_s, 60 s): the driver is
+    # killed there however long the refusal below takes on a loaded machine.
+    job.write_text(yaml.safe_dump(torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop", sleep_s=0.2,
+                                             marker=str(marker), mark_at=DRIVER_KILL_STEP, hold_s=30)))
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
     try:
         session_dir = _session_of_driver(state_dir, timeout=120)
         for line in driver.stdout:
             if "checkpoint committed" in line:
                 break
         # A second driver on the live run is refused before it starts anything, naming the first.
-        second = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), env=env, timeout=120)
+        second = run_cli("run", str(job), env=env, timeout=120)
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
         assert f"pid {driver.pid}" in second.stderr and "held by a live driver" in second.stderr
         assert "Traceback" not in second.stdout + second.stderr
+        # SIGKILLed at a random step, mid-epoch, with a checkpoint write possibly in flight.
+        wait_for(lambda: marker.exists() or driver.poll() is not None, timeout=240, interval=0.05)
+        assert driver.poll() is None, "the run ended before the driver could be killed"
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -123,12 +144,14 @@ def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_is_taken_ov
     orphans = session_pids(session_dir)
     assert orphans, "expected Ray's agents to outlive a SIGKILLed driver"
 
-    # Taken over at once: the holder's pid is gone. (Epochs to spare: the first driver kept
-    # training while the second one was refused.)
-    result = run_cli("run", "jobs/digits_torch.yaml", "--storage", str(tmp_path), "--set", "torch.max_epochs=6",
-                     env=env)
+    # Taken over at once: the holder's pid is gone.
+    job.write_text(yaml.safe_dump(torch_spec("driver-killed", tmp_path)))
+    result = run_cli("run", str(job), env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "resuming from step" in result.stdout
+    assert "resuming from step" in result.stdout, f"driver killed at step {DRIVER_KILL_STEP}"
+    summary = json.loads((tmp_path / "driver-killed" / "summary.json").read_text())
+    assert 10 <= summary["resumed_from"]["step"] < 3 * STEPS_PER_EPOCH
+    assert summary["weights_sha256"] == clean_torch.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"
     wait_for(lambda: not session_pids(session_dir), timeout=30)
 
 

@@ -115,7 +115,7 @@ def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attemp
 
 
 @pytest.mark.timeout(400)
-def test_a_rank_that_cannot_read_the_groups_checkpoint_fails_the_start_for_every_rank(
+def test_resume_from_another_runs_checkpoint_that_a_rank_cannot_read_fails_the_start_for_every_rank_and_retries_it(
         tmp_path, clean_torch, monkeypatch):
     # The clean run's checkpoint at step 60, continued to its end in a run of its own; rank 1's
     # first read of it fails as a storage outage would (EIO).
@@ -133,6 +133,8 @@ def test_a_rank_that_cannot_read_the_groups_checkpoint_fails_the_start_for_every
     assert "rank 1 could not read it" in errors and start.uri in errors and "injected" in errors
     # The retried start resumed every rank from that same checkpoint, and the run ended exactly
     # where the clean run did.
+    assert result.resumed_from["uri"] == start.uri
+    assert result.resumed_from["reason"] == "resume_from names this checkpoint"
     assert [s["restored_step"] for s in result.starts] == [60]
     assert result.weights_sha256 == clean_torch.weights_sha256
 
