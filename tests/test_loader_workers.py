@@ -1,16 +1,14 @@
 """Random augmentations drawn in DataLoader worker processes resume exactly: each sample's
-randomness is a function of (seed, epoch, sample), not of the worker that fetched it."""
+randomness is a function of (seed, epoch, sample), not of the worker that fetched it. The run
+killed mid-epoch with augmenting workers is in tests/test_data_loaders.py, whose tutorial loop
+trains on this augmented data."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from augment_jobs import NoisyDigits
-from conftest import assert_resumed_to_clean_weights
-from specs import torch_spec
 from torch.utils.data import DataLoader
 
-import orchestrator
 from orchestrator.data.order import GlobalOrderSampler
 from orchestrator.data.seeded import for_workers
 
@@ -33,17 +31,3 @@ def test_an_epoch_resumed_mid_way_gets_the_same_augmented_samples_whatever_the_w
     for got, expected in zip(resumed, whole[5:], strict=True):
         assert torch.equal(got, expected)
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_run_with_augmenting_loader_workers_killed_mid_epoch_resumes_to_identical_weights(tmp_path):
-    def spec(name, **fault):
-        base = torch_spec(name, tmp_path, loop="augment_jobs:noisy_loop", **({"fault": fault} if fault else {}))
-        base["torch"]["max_epochs"] = 2
-        return base
-
-    clean = orchestrator.run(spec("clean"), console=None)
-    marker = str(tmp_path / "kill-marker")
-    killed = orchestrator.run(spec("killed", marker=marker, kill_at=15), console=None)  # mid-epoch: 21 an epoch
-
-    assert_resumed_to_clean_weights(killed, clean, marker, 15)

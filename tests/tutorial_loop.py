@@ -1,12 +1,15 @@
 """The tutorial DDP loop as users port it by hand: a training loader and a validation loader,
 both from ctx.data_loader, validation after every epoch with its counts summed over the ranks.
-With `fault` in its config, rank `kill_rank` SIGKILLs itself once after step `kill_at`."""
+The training samples are augmented at random in two DataLoader worker processes, as image jobs'
+are (augment_jobs.NoisyDigits); the validation samples are the plain split, read in the rank's
+own process. With `fault` in its config, rank `kill_rank` SIGKILLs itself once after step `kill_at`."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from augment_jobs import NoisyDigits
 from faulty import _kill_once
 
 from jobs.digits_data import load_split
@@ -17,7 +20,7 @@ def train_loop(ctx) -> None:
     fault = ctx.config.get("fault")
     model = ctx.prepare_model(build_model(64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    train_loader = ctx.data_loader(load_split("train"), batch_size=32)
+    train_loader = ctx.data_loader(NoisyDigits(), batch_size=32, num_workers=2)
     val_loader = ctx.data_loader(load_split("val"), batch_size=64, shuffle=False)
     ctx.track(model=model, optimizer=optimizer)
 
