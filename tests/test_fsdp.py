@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 
 import pytest
 from conftest import assert_resumed_to_clean_weights, run_cli
@@ -30,9 +31,21 @@ def fsdp_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None
     return spec
 
 
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The uninterrupted FSDP run: the killed run is compared with it, and the resized run
+    continues a copy of its checkpoints (one Ray run fewer than training a first run for it)."""
+    # A module fixture runs outside any test's own settings (conftest._isolated_state): its own
+    # digits cache and cluster records.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+        patch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR",
+                                                            str(tmp_path_factory.mktemp("data"))))
+        return orchestrator.run(fsdp_spec("clean", tmp_path_factory.mktemp("clean-fsdp")), console=None)
+
+
 @pytest.mark.timeout(600)
-def test_an_fsdp_job_writes_one_shard_per_rank_and_resumes_from_a_kill_to_identical_weights(tmp_path):
-    clean = orchestrator.run(fsdp_spec("clean", tmp_path), console=None)
+def test_an_fsdp_job_writes_one_shard_per_rank_and_resumes_from_a_kill_to_identical_weights(tmp_path, clean):
     assert clean.status == "finished"
 
     committed = CheckpointStore.for_run(clean.run_dir).committed()
@@ -50,24 +63,24 @@ def test_an_fsdp_job_writes_one_shard_per_rank_and_resumes_from_a_kill_to_identi
 
 
 @pytest.mark.timeout(300)
-def test_a_sharded_checkpoint_resumes_at_another_world_size_and_is_refused_by_another_strategy(tmp_path):
-    spec = fsdp_spec("sharded", tmp_path)
-    spec["torch"]["max_epochs"] = 1
-    first = orchestrator.run(spec, console=None)
-    assert first.status == "finished" and first.world_size == 2
-    spec_file = tmp_path / "sharded.yaml"
-    spec_file.write_text(json.dumps(spec))  # JSON is YAML
+def test_a_sharded_checkpoint_resumes_at_another_world_size_and_is_refused_by_another_strategy(tmp_path, clean):
+    assert clean.status == "finished" and clean.world_size == 2
+    # A copy of the clean run's directory (as a user moving a run would copy it): this test's
+    # resumes must not change the run the other test reads.
+    shutil.copytree(clean.run_dir, tmp_path / "clean")
+    spec_file = tmp_path / "clean.yaml"
+    spec_file.write_text(json.dumps(fsdp_spec("clean", tmp_path)))  # JSON is YAML
 
     # Written by 2 ranks, resumed by 1: the shards are stitched together (tests/test_reshard.py
-    # checks the tensors themselves), and the second epoch trains on.
-    resized = run_cli("run", str(spec_file), "--set", "torch.max_epochs=2", "--set", "scaling.num_workers=1")
+    # checks the tensors themselves), and a fourth epoch trains on.
+    resized = run_cli("run", str(spec_file), "--set", "torch.max_epochs=4", "--set", "scaling.num_workers=1")
     assert resized.returncode == 0, resized.stderr
-    summary = json.loads((tmp_path / "sharded" / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["world_size"] == 1 and summary["epochs"] == 2
-    assert summary["resumed_from"]["step"] == first.global_step
-    newest = CheckpointStore.for_run(first.run_dir).committed()[-1]
+    summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["world_size"] == 1 and summary["epochs"] == 4
+    assert summary["resumed_from"]["step"] == clean.global_step
+    newest = CheckpointStore.for_run(str(tmp_path / "clean")).committed()[-1]
     assert newest.manifest.world_size == 1 and sorted(newest.manifest.files) == ["state-00000.pt"]
 
-    unsharded = run_cli("run", str(spec_file), "--set", "torch.max_epochs=3", "--set", "torch.strategy=ddp")
+    unsharded = run_cli("run", str(spec_file), "--set", "torch.max_epochs=5", "--set", "torch.strategy=ddp")
     assert unsharded.returncode == 2, unsharded.stderr
     assert "torch.strategy: fsdp" in unsharded.stderr and "Traceback" not in unsharded.stderr
