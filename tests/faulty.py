@@ -130,6 +130,20 @@ class FrozenOnceClassifier(KilledOnceClassifier):
             time.sleep(self.slow_validation_s)
 
 
+class KilledThenFrozenClassifier(FrozenOnceClassifier):
+    """FrozenOnceClassifier (rank `kill_rank` SIGSTOPped after step `kill_at`), whose worker of
+    rank `first_kill_rank` was SIGKILLed once before, after step `first_kill_at`."""
+
+    def __init__(self, first_kill_at: int, first_marker: str, first_kill_rank: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self._first_fault = (first_marker, first_kill_at, first_kill_rank)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        marker, kill_at, kill_rank = self._first_fault
+        _kill_once(marker, self.trainer.global_step, kill_at, self.global_rank, kill_rank, signal.SIGKILL)
+        super().on_train_batch_end(outputs, batch, batch_idx)
+
+
 class BuggyClassifier(DigitsClassifier):
     """The quickstart model with a bug: training_step raises on rank 1 at step `raise_at`."""
 

@@ -2,7 +2,7 @@
 the run on its first attempt, a rank that cannot read the group's checkpoint fails the start for
 the whole group, and a run that can never be placed says why and gives up.
 
-The faults are real: a worker SIGSTOPs itself (frozen, as on a stalled node), a rank waits
+The faults are real: a worker SIGKILLs or SIGSTOPs itself (frozen, as on a stalled node), a rank waits
 forever on a lock, the training code raises, the storage read fails on one rank.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 from conftest import REPO, run_cli
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.slow
 # Near the spec's minimum (5 s): each test waits it out twice, and outlasts it once more with a
 # legitimately slow evaluation.
 HANG_TIMEOUT_S = 6
+# The lightning run's SIGKILL: random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one.
+KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 40)))
 # Seconds from a hang's detection to the first step of the restarted group, on a loaded 2-core
 # machine (a restart measures 10-20 s here).
 RECOVERY_SLACK_S = 60
@@ -65,21 +68,30 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
 
 
 @pytest.mark.timeout(500)
-def test_a_frozen_lightning_worker_is_caught_and_the_run_ends_with_the_clean_weights(tmp_path, clean_lightning):
-    # Validation takes longer than the hang timeout: legitimately long, not a hang.
-    marker = tmp_path / "frozen-marker"
-    spec = lightning_spec("frozen", tmp_path, "faulty.FrozenOnceClassifier", kill_at=25, marker=str(marker),
-                          slow_validation_s=HANG_TIMEOUT_S + 2)
+def test_a_lightning_worker_killed_at_a_random_step_then_one_frozen_are_each_recovered_to_the_clean_weights(
+        tmp_path, clean_lightning):
+    # Rank 1 is SIGKILLed after a random step (the group restarts from the newest committed
+    # checkpoint), then SIGSTOPped 10-20 steps later (frozen, as on a stalled node). The first
+    # epoch's validation takes longer than the hang timeout: legitimately long, not a hang.
+    killed_marker, frozen_marker = tmp_path / "kill-marker", tmp_path / "frozen-marker"
+    freeze_at = KILL_STEP + random.Random().randint(10, 20)
+    spec = lightning_spec("killed-then-frozen", tmp_path, "faulty.KilledThenFrozenClassifier",
+                          first_kill_at=KILL_STEP, first_marker=str(killed_marker), kill_at=freeze_at,
+                          marker=str(frozen_marker), slow_validation_s=HANG_TIMEOUT_S + 2)
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
     result = orchestrator.run(spec, console=None)
 
+    assert killed_marker.exists() and frozen_marker.exists(), "a fault was never injected"
     assert result.status == "finished"
-    (failure,) = result.failures  # the slow validation was not taken for a hang
-    assert failure["time"] - marker.stat().st_mtime <= HANG_TIMEOUT_S + 8
-    assert 1 in {r["rank"] for r in failure["ranks"] if r["kind"] in ("hang", "infrastructure")}
-    if failure["hang"]:
-        assert failure["hang"]["what"] == "stopped answering" and failure["hang"]["ranks"] == [1]
-    assert result.weights_sha256 == clean_lightning.weights_sha256
+    # One failure each: the slow validation was not taken for a hang.
+    assert result.restarts == 2, f"kill at step {KILL_STEP}, freeze at {freeze_at}: {result.failures}"
+    _, frozen = result.failures
+    assert frozen["time"] - frozen_marker.stat().st_mtime <= HANG_TIMEOUT_S + 8
+    assert 1 in {r["rank"] for r in frozen["ranks"] if r["kind"] in ("hang", "infrastructure")}
+    if frozen["hang"]:
+        assert frozen["hang"]["what"] == "stopped answering" and frozen["hang"]["ranks"] == [1]
+    assert result.global_step == clean_lightning.global_step
+    assert result.weights_sha256 == clean_lightning.weights_sha256, f"kill at step {KILL_STEP}, freeze at {freeze_at}"
 
 
 @pytest.mark.timeout(300)
