@@ -8,6 +8,7 @@ clusters name 127.0.0.1 as their node address.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -27,13 +28,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "shared_loopback_cluster" in getattr(item, "fixturenames", ()))
 
 
+def _private_state(patch: pytest.MonkeyPatch, make_dir) -> None:
+    """Keep the embedded-cluster records and the digits Parquet cache private (in folders
+    `make_dir(name)` gives), and work from the repository as a user of its jobs/ does."""
+    patch.setenv("ORCHESTRATOR_STATE_DIR", str(make_dir("state")))
+    patch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(make_dir("data"))))
+    patch.chdir(REPO)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_state(tmp_path, monkeypatch):
-    """Keep the embedded-cluster records and the digits Parquet cache of each test private."""
-    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path / "data")))
-    monkeypatch.chdir(REPO)
+    """Each test's own state, data cache and working directory."""
+    _private_state(monkeypatch, lambda name: tmp_path / name)
     yield
+
+
+@contextlib.contextmanager
+def isolated_state(tmp_path_factory):
+    """The same for a module or session fixture, which pytest sets up before (outside) the
+    settings of the test that first asks for it."""
+    with pytest.MonkeyPatch.context() as patch:
+        _private_state(patch, tmp_path_factory.mktemp)
+        yield
 
 
 def free_port() -> int:
@@ -99,7 +115,8 @@ def clean_torch(tmp_path_factory):
 
     import orchestrator
 
-    return orchestrator.run(torch_spec("clean", tmp_path_factory.mktemp("clean-torch")), console=None)
+    with isolated_state(tmp_path_factory):
+        return orchestrator.run(torch_spec("clean", tmp_path_factory.mktemp("clean-torch")), console=None)
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +126,8 @@ def clean_lightning(tmp_path_factory):
 
     import orchestrator
 
-    return orchestrator.run(lightning_spec("clean", tmp_path_factory.mktemp("clean-lightning")), console=None)
+    with isolated_state(tmp_path_factory):
+        return orchestrator.run(lightning_spec("clean", tmp_path_factory.mktemp("clean-lightning")), console=None)
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ The unit check of the augmentation order is tests/test_loader_workers.py."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from conftest import REPO, assert_resumed_to_clean_weights
+from conftest import assert_resumed_to_clean_weights, isolated_state
 from specs import torch_spec
 
 import orchestrator
@@ -27,11 +25,7 @@ KILL_AT = 35
 def tutorial_runs(tmp_path_factory):
     """(clean, killed, marker): the tutorial loop run through, and run with rank 1 killed once at KILL_AT."""
     tmp_path = tmp_path_factory.mktemp("tutorial")
-    # The private state and data folders conftest's _isolated_state gives each test (function-scoped).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
-        mp.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path / "data")))
-        mp.chdir(REPO)
+    with isolated_state(tmp_path_factory):
         clean = orchestrator.run(torch_spec("tutorial", tmp_path, "tutorial_loop:train_loop"), console=None)
         marker = str(tmp_path / "kill-marker")
         fault = {"kill_at": KILL_AT, "marker": marker, "kill_rank": 1}

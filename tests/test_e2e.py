@@ -8,7 +8,7 @@ import os
 import random
 
 import pytest
-from conftest import assert_resumed_to_clean_weights
+from conftest import assert_resumed_to_clean_weights, isolated_state
 
 import orchestrator
 from orchestrator import storage
@@ -33,10 +33,7 @@ def torch_spec(name: str, storage_dir, **torch_overrides) -> dict:
 def quickstart(tmp_path_factory):
     """One run of the shipped quickstart, shared by the tests that inspect it."""
     runs = tmp_path_factory.mktemp("runs")
-    # The digits cache of this run only (a module fixture runs outside any test's own setting).
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR",
-                                                            str(tmp_path_factory.mktemp("data"))))
+    with isolated_state(tmp_path_factory):
         return orchestrator.run("jobs/quickstart.yaml", storage=str(runs), console=None)
 
 

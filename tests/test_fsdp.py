@@ -13,7 +13,7 @@ import random
 import shutil
 
 import pytest
-from conftest import assert_resumed_to_clean_weights, run_cli
+from conftest import assert_resumed_to_clean_weights, isolated_state, run_cli
 from specs import torch_spec
 
 import orchestrator
@@ -35,12 +35,7 @@ def fsdp_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None
 def clean(tmp_path_factory):
     """The uninterrupted FSDP run: the killed run is compared with it, and the resized run
     continues a copy of its checkpoints (one Ray run fewer than training a first run for it)."""
-    # A module fixture runs outside any test's own settings (conftest._isolated_state): its own
-    # digits cache and cluster records.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path_factory.mktemp("state")))
-        patch.setenv("ORCHESTRATOR_DATA_DIR", os.environ.get("ORCHESTRATOR_TEST_DATA_DIR",
-                                                            str(tmp_path_factory.mktemp("data"))))
+    with isolated_state(tmp_path_factory):
         return orchestrator.run(fsdp_spec("clean", tmp_path_factory.mktemp("clean-fsdp")), console=None)
 
 
