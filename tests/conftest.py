@@ -58,26 +58,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture(scope="session")
-def s3_server():
-    """A real S3-protocol server (moto) on loopback; yields a URI prefix pyarrow.fs can open."""
+def _s3_endpoint():
+    """A real S3-protocol server (moto) on loopback, with the bucket `runs`, for the session."""
+    import boto3
     from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    import boto3
-
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1").create_bucket(Bucket="runs")
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="runs")
     yield f"s3://runs/{{prefix}}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
     server.stop()
-    for key, value in old.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_server(_s3_endpoint, monkeypatch):
+    """A URI prefix pyarrow.fs can open on the loopback S3 server. The credentials are in this
+    test's environment alone, as a user exports them in the shell that runs the command (a
+    cluster the test starts inherits them, as it would there)."""
+    for key, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    return _s3_endpoint
 
 
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
