@@ -70,8 +70,9 @@ def _s3_endpoint():
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="runs")
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+                 aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket="runs")
     yield f"s3://runs/{{prefix}}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
     server.stop()
 
