@@ -88,12 +88,12 @@ def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return process.returncode, out
 
 
-def run_together(prefix, specs: list[str], env, timeout: float = 400,
-                 envs: list[dict[str, str]] | None = None) -> tuple[list[tuple[int, str]], float]:
-    """Start one `orchestrator run` per spec at once (in `env`, or each in its own of `envs`);
-    their exit codes and output, and the wall time."""
+def run_together(prefix, specs: list[str], envs: list[dict[str, str]],
+                 timeout: float = 400) -> tuple[list[tuple[int, str]], float]:
+    """Start one `orchestrator run` per spec at once, each in its environment of `envs`; their
+    exit codes and output, and the wall time."""
     start = time.monotonic()
-    running = [cli(prefix, "run", spec, env=own) for spec, own in zip(specs, envs or [env] * len(specs), strict=True)]
+    running = [cli(prefix, "run", spec, env=env) for spec, env in zip(specs, envs, strict=True)]
     outcomes = [finish(p, timeout) for p in running]
     return outcomes, time.monotonic() - start
 
@@ -121,7 +121,7 @@ def test_the_warm_cluster_on_a_routable_host_takes_three_runs_at_once_and_leaves
         # Three: the cluster holds one at a time, so two wait in turn behind the first.
         names = [f"sweep-{i}" for i in range(3)]
         specs = [tiny_spec(tmp_path, name, seed=i) for i, name in enumerate(names)]
-        outcomes, wall = run_together(routable_host, specs, env)
+        outcomes, wall = run_together(routable_host, specs, [env] * len(specs))
         print(f"three runs at once on the warm cluster: {wall:.1f} s")
         assert_each_finished_with_its_own_summary(tmp_path, outcomes, names)
         assert all(f"using the warm local cluster at {record['address']}" in out for _, out in outcomes)
@@ -205,8 +205,7 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
     # A short capacity wait: a run that joined the other cluster (no CPUs) would fail in 20 s.
     specs = [tiny_spec(tmp_path, name, failure={"capacity_timeout_s": 20}) for name in names]
     with plain_head(routable_host, env):
-        outcomes, wall = run_together(routable_host, specs, env,
-                                      envs=[{**env, "ORCHESTRATOR_STATE_DIR": str(stale_state)}, env])
+        outcomes, wall = run_together(routable_host, specs, [{**env, "ORCHESTRATOR_STATE_DIR": str(stale_state)}, env])
     print(f"two runs at once on embedded clusters: {wall:.1f} s")
     assert_each_finished_with_its_own_summary(tmp_path, outcomes, names)
     assert not any("using the warm local cluster" in out for _, out in outcomes)
