@@ -78,6 +78,16 @@ def tiny_spec(tmp_path, name: str, **fields) -> str:
     return str(path)
 
 
+# A Python session (a notebook, an IDE's console) that runs a job and stays open until told.
+NOTEBOOK = """
+import sys
+import orchestrator
+result = orchestrator.run(sys.argv[1], console=None)
+print("run returned", result.status, flush=True)
+sys.stdin.readline()
+"""
+
+
 def cli(prefix: list[str], *args: str, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([*prefix, sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
@@ -112,7 +122,7 @@ def test_the_warm_cluster_on_a_routable_host_takes_three_runs_at_once_and_leaves
     shell = subprocess.Popen([*routable_host, sys.executable, SHELL, "--", sys.executable, "-m", "orchestrator", "up"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
     record_path = tmp_path / "state" / "warm-cluster.json"
-    record = None
+    record = notebook = None
     try:
         up = json.loads(shell.stdout.readline())
         assert up["up"] == 0 and "warm local cluster up at 127.0.0.1:" in up["out"], up["out"]
@@ -132,14 +142,28 @@ def test_the_warm_cluster_on_a_routable_host_takes_three_runs_at_once_and_leaves
         assert code == 0 and all(name in out for name in names), out
         code, out = finish(cli(routable_host, "doctor", specs[0], env=env), 300)
         assert code == 0, out[-3000:]
+
+        # A notebook that ran a job through the Python API and goes on: Ray keeps its driver's log
+        # files in the cluster's session open after the run, and `down` must not take it for one
+        # of the cluster's processes.
+        notebook = subprocess.Popen([*routable_host, sys.executable, "-c", NOTEBOOK, tiny_spec(tmp_path, "notebook")],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=REPO, env=env)
+        ran = notebook.stdout.readline()
+        assert ran.startswith("run returned finished"), ran + notebook.stdout.read()[-3000:]
     finally:
         shell.stdin.write("down\n")
         shell.stdin.flush()
         down = json.loads(shell.stdout.readline() or "{}")
         shell.wait(timeout=60)
+        if notebook is not None:  # alive after `down`, then told to end
+            notebook_after_down = notebook.poll()
+            notebook.communicate("\n", timeout=30)
         if record is not None:  # never leave the cluster behind, whatever failed above
             end_processes(session_pids(record["session_dir"]), grace_s=0)
     assert down.get("down") == 0 and "stopped; its processes and files are gone" in down["out"], down
+    assert notebook_after_down is None, f"`orchestrator down` ended the notebook that had run a job ({notebook_after_down})"
+    assert notebook.returncode == 0
     # What the cluster's processes left in the shell that started it: at most the keeper (which
     # a shell reaps as its own child); none of Ray's processes.
     assert [z for z in down["zombies"] if z["pid"] != record["keeper_pid"]] == [], down["zombies"]

@@ -83,3 +83,23 @@ def session_pids(session_dir: str) -> list[int]:
         except OSError:
             continue  # the process ended, or is not ours to inspect
     return pids
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid` in the process tree (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return [p for p in found if is_alive(p)]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from orchestrator.cluster.environment import QUIET_RAY_ENV
-from orchestrator.cluster.processes import end_processes, session_pids, state_dir, terminate
+from orchestrator.cluster.processes import descendants, end_processes, session_pids, state_dir, terminate
 from orchestrator.errors import UserError
 
 RECORD_NAME = "warm-cluster.json"
@@ -157,10 +157,21 @@ def _raylet_up(session_dir: str) -> bool:
 
 
 def _stop(keeper_pid: int, session_dir: str) -> None:
-    """Stop the cluster: its keeper first, which stops and reaps its processes; then anything of
-    the session left (SIGTERM, a grace, SIGKILL), the keeper last, so that it reaps the others."""
-    keeper = [keeper_pid] if keeper_pid > 0 else []
-    terminate(keeper, grace_s=STOP_GRACE_S)
-    end_processes([pid for pid in session_pids(session_dir) if pid not in keeper], grace_s=STOP_GRACE_S)
-    end_processes([pid for pid in session_pids(session_dir) if pid not in keeper], grace_s=0)  # started meanwhile
-    end_processes(keeper, grace_s=1.0)
+    """Stop the cluster: its keeper first, which stops and reaps its processes; then whatever of
+    its tree is left (SIGTERM, a grace, SIGKILL), the keeper last, so that it reaps the others.
+
+    Only the keeper's tree is the cluster. A process outside it that holds files in the session is
+    a driver that ran on the cluster (Ray keeps a driver's log files open after `ray.shutdown()`):
+    a user's notebook or script, theirs to end, not ours. A record without a keeper (older ones)
+    has only the session's files to go by."""
+    if keeper_pid <= 0:
+        end_processes(session_pids(session_dir), grace_s=STOP_GRACE_S)
+        end_processes(session_pids(session_dir), grace_s=0)  # started meanwhile
+        return
+    tree = descendants(keeper_pid)
+    terminate([keeper_pid], grace_s=STOP_GRACE_S)
+    # Left after the grace: still below the keeper, or adopted elsewhere had the keeper ended.
+    of_session = set(session_pids(session_dir))
+    end_processes(sorted(set(descendants(keeper_pid)) | {p for p in tree if p in of_session}), grace_s=STOP_GRACE_S)
+    end_processes(descendants(keeper_pid), grace_s=0)  # started meanwhile
+    end_processes([keeper_pid], grace_s=1.0)
