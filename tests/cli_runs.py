@@ -41,10 +41,14 @@ def _result(spec: dict[str, Any], code: int, output: str) -> RunResult:
     return result
 
 
-def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, timeout: float = 400) -> RunResult:
-    """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed)."""
+def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, timeout: float = 400,
+             lines: list[str] | None = None) -> RunResult:
+    """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed).
+    `lines`, if given, gets what the command printed, a line each."""
     done = subprocess.run(_command(spec, address, spec_dir), capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env=_env())
+    if lines is not None:
+        lines.extend((done.stdout + done.stderr).splitlines())
     return _result(spec, done.returncode, done.stdout + done.stderr)
 
 

@@ -1,15 +1,18 @@
 """Shared fixtures. Tests that start Ray are marked `slow`; each one cleans up its own processes.
 
 Nothing here changes how Ray or the orchestrator behave for the whole test process: the tests run
-the product in the environment a user's shell has. Every Ray node a test starts is on loopback
-because the product puts its own clusters there (orchestrator/loopback.py) and the tests' own
-clusters name 127.0.0.1 as their node address.
+the product in the environment a user's shell has. Tests whose point is a run, not how its
+cluster starts, ask for `warm_cluster`: their runs join one warm local cluster (`orchestrator
+up`) for the session. Every Ray node a test starts is on loopback because the product puts its own
+clusters there (orchestrator/cluster/environment.py) and the tests' own clusters name 127.0.0.1 as
+their node address.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,11 +47,14 @@ def _isolated_state(tmp_path, monkeypatch):
 
 
 @contextlib.contextmanager
-def isolated_state(tmp_path_factory):
+def isolated_state(tmp_path_factory, warm_record: str | None = None):
     """The same for a module or session fixture, which pytest sets up before (outside) the
-    settings of the test that first asks for it."""
+    settings of the test that first asks for it; with `warm_record` (the `_warm_record` fixture),
+    its runs join the session's warm cluster as a `warm_cluster` test's do."""
     with pytest.MonkeyPatch.context() as patch:
         _private_state(patch, tmp_path_factory.mktemp)
+        if warm_record is not None:
+            join_warm_cluster(warm_record)
         yield
 
 
@@ -115,26 +121,63 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
     raise TimeoutError(f"condition not met within {timeout} s")
 
 
+WARM_RECORD = "warm-cluster.json"
+
+
 @pytest.fixture(scope="session")
-def clean_torch(tmp_path_factory):
+def _warm_record(tmp_path_factory):
+    """One warm local cluster (`orchestrator up`) for the session, started as a user starts it, in
+    a state folder of its own; the path of its record. `orchestrator down` ends it with the session."""
+    env = {"ORCHESTRATOR_STATE_DIR": str(tmp_path_factory.mktemp("warm-state")),
+           "ORCHESTRATOR_DATA_DIR": os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path_factory.mktemp("warm-data")))}
+    started = run_cli("up", env=env, timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield os.path.join(env["ORCHESTRATOR_STATE_DIR"], WARM_RECORD)
+    stopped = run_cli("down", env=env, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+def join_warm_cluster(record: str) -> None:
+    """Runs from now on join the session's warm cluster: its record is put in the state folder
+    they read, where `orchestrator up` leaves it for a user."""
+    state = os.environ["ORCHESTRATOR_STATE_DIR"]
+    os.makedirs(state, exist_ok=True)
+    shutil.copy(record, os.path.join(state, WARM_RECORD))
+
+
+@pytest.fixture
+def warm_cluster(_warm_record):
+    """This test's runs join the session's warm local cluster, as a user's do after `orchestrator
+    up`, instead of each starting and stopping an embedded one (3-5 s a run here). For tests whose
+    point is the run, not how its cluster starts: the embedded path keeps tests of its own
+    (test_cli, test_warm, and every other test that does not ask for this).
+
+    Such a test runs its jobs through the command line (cli_runs.run_spec), as a user's shell
+    does: a driver in the test process could not join a loopback cluster once anything in the
+    session imported Ray before the orchestrator (orchestrator.run refuses, saying so)."""
+    join_warm_cluster(_warm_record)
+
+
+@pytest.fixture(scope="session")
+def clean_torch(tmp_path_factory, _warm_record):
     """The uninterrupted torch run (specs.torch_spec) every interrupted one is compared with."""
+    from cli_runs import run_spec
     from specs import torch_spec
 
-    import orchestrator
-
-    with isolated_state(tmp_path_factory):
-        return orchestrator.run(torch_spec("clean", tmp_path_factory.mktemp("clean-torch")), console=None)
+    storage = tmp_path_factory.mktemp("clean-torch")
+    with isolated_state(tmp_path_factory, _warm_record):
+        return run_spec(torch_spec("clean", storage), str(storage))
 
 
 @pytest.fixture(scope="session")
-def clean_lightning(tmp_path_factory):
+def clean_lightning(tmp_path_factory, _warm_record):
     """The uninterrupted Lightning run (specs.lightning_spec) every interrupted one is compared with."""
+    from cli_runs import run_spec
     from specs import lightning_spec
 
-    import orchestrator
-
-    with isolated_state(tmp_path_factory):
-        return orchestrator.run(lightning_spec("clean", tmp_path_factory.mktemp("clean-lightning")), console=None)
+    storage = tmp_path_factory.mktemp("clean-lightning")
+    with isolated_state(tmp_path_factory, _warm_record):
+        return run_spec(lightning_spec("clean", storage), str(storage))
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from cli_runs import run_spec
 from specs import torch_spec
 
-import orchestrator
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore, Manifest, loads_state
 from orchestrator.checkpoint.manifest import MANIFEST_NAME, SUPERSEDED_NAME
@@ -154,6 +154,7 @@ def _weights_in(checkpoint_dir) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_rolled_back_run_and_a_fallback_past_a_corrupt_checkpoint_keep_their_own_checkpoints(tmp_path):
     """The issue's recipe through the Python API: run to step 30, resume from step 10 with
@@ -165,10 +166,10 @@ def test_a_rolled_back_run_and_a_fallback_past_a_corrupt_checkpoint_keep_their_o
         return {**base, **fields}
 
     checkpoints = tmp_path / "br" / "checkpoints"
-    first = orchestrator.run(spec(), console=None)
+    first = run_spec(spec(), str(tmp_path))
     branch_lines: list[str] = []
-    second = orchestrator.run(spec(seed=7, resume_from=str(checkpoints / "step-000000010")),
-                              console=branch_lines.append)
+    second = run_spec(spec(seed=7, resume_from=str(checkpoints / "step-000000010")), str(tmp_path),
+                      lines=branch_lines)
 
     assert second.weights_sha256 != first.weights_sha256  # another trajectory
     assert second.final_checkpoint.endswith("step-000000030")
@@ -183,7 +184,7 @@ def test_a_rolled_back_run_and_a_fallback_past_a_corrupt_checkpoint_keep_their_o
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
-    third = orchestrator.run(spec(seed=7, torch={**spec()["torch"], "max_steps": 40}), console=None)
+    third = run_spec(spec(seed=7, torch={**spec()["torch"], "max_steps": 40}), str(tmp_path))
 
     assert third.global_step == 40
     store = CheckpointStore(storage.resolve(str(tmp_path / "br")))

@@ -9,10 +9,9 @@ The unit check of the augmentation order is tests/test_loader_workers.py."""
 from __future__ import annotations
 
 import pytest
+from cli_runs import run_spec
 from conftest import assert_resumed_to_clean_weights, isolated_state
 from specs import torch_spec
-
-import orchestrator
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +21,14 @@ KILL_AT = 35
 
 
 @pytest.fixture(scope="module")
-def tutorial_runs(tmp_path_factory):
+def tutorial_runs(tmp_path_factory, _warm_record):
     """(clean, killed, marker): the tutorial loop run through, and run with rank 1 killed once at KILL_AT."""
     tmp_path = tmp_path_factory.mktemp("tutorial")
-    with isolated_state(tmp_path_factory):
-        clean = orchestrator.run(torch_spec("tutorial", tmp_path, "tutorial_loop:train_loop"), console=None)
+    with isolated_state(tmp_path_factory, _warm_record):
+        clean = run_spec(torch_spec("tutorial", tmp_path, "tutorial_loop:train_loop"), str(tmp_path))
         marker = str(tmp_path / "kill-marker")
         fault = {"kill_at": KILL_AT, "marker": marker, "kill_rank": 1}
-        killed = orchestrator.run(torch_spec("tutorial-killed", tmp_path, "tutorial_loop:train_loop", fault),
-                                  console=None)
+        killed = run_spec(torch_spec("tutorial-killed", tmp_path, "tutorial_loop:train_loop", fault), str(tmp_path))
     return clean, killed, marker
 
 

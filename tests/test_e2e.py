@@ -8,7 +8,9 @@ import os
 import random
 
 import pytest
-from conftest import assert_resumed_to_clean_weights, isolated_state
+import yaml
+from cli_runs import run_spec
+from conftest import REPO, assert_resumed_to_clean_weights, isolated_state
 
 import orchestrator
 from orchestrator import storage
@@ -29,12 +31,18 @@ def torch_spec(name: str, storage_dir, **torch_overrides) -> dict:
     }
 
 
+def quickstart_spec(storage_dir) -> dict:
+    """The shipped quickstart, its runs kept under `storage_dir`."""
+    with open(os.path.join(REPO, "jobs", "quickstart.yaml")) as f:
+        return {**yaml.safe_load(f), "storage": str(storage_dir)}
+
+
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
+def quickstart(tmp_path_factory, _warm_record):
     """One run of the shipped quickstart, shared by the tests that inspect it."""
     runs = tmp_path_factory.mktemp("runs")
-    with isolated_state(tmp_path_factory):
-        return orchestrator.run("jobs/quickstart.yaml", storage=str(runs), console=None)
+    with isolated_state(tmp_path_factory, _warm_record):
+        return run_spec(quickstart_spec(runs), str(runs))
 
 
 @pytest.mark.timeout(300)
@@ -70,6 +78,7 @@ def test_a_finished_run_is_reported_and_not_trained_again(quickstart):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.usefixtures("warm_cluster")
 def test_the_quickstart_killed_mid_epoch_while_reading_its_parquet_data_ends_with_the_clean_weights(
         quickstart, tmp_path):
     """The Lightning path through the spec's data: section: a worker SIGKILLed mid-epoch resumes
@@ -77,10 +86,10 @@ def test_the_quickstart_killed_mid_epoch_while_reading_its_parquet_data_ends_wit
     run ends with the uninterrupted quickstart's weights, bit for bit."""
     kill_at = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(51, 62)))
     marker = str(tmp_path / "kill-marker")
-    killed = orchestrator.run("jobs/quickstart.yaml", storage=str(tmp_path / "runs"), console=None,
-                              lightning__model__class_path="faulty.KilledOnceClassifier",
-                              lightning__model__init_args__kill_at=kill_at,
-                              lightning__model__init_args__marker=marker)
+    spec = quickstart_spec(tmp_path / "runs")
+    spec["lightning"]["model"]["class_path"] = "faulty.KilledOnceClassifier"
+    spec["lightning"]["model"]["init_args"].update(kill_at=kill_at, marker=marker)
+    killed = run_spec(spec, str(tmp_path))
     assert killed.starts[-1]["restored_step"] == 50, killed.starts
     assert_resumed_to_clean_weights(killed, quickstart, marker, kill_at)
 

@@ -13,6 +13,7 @@ import os
 import random
 
 import pytest
+from cli_runs import run_spec
 from conftest import REPO, run_cli
 from specs import lightning_spec, torch_spec
 
@@ -37,6 +38,7 @@ def _summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(500)
 def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_with_the_clean_weights(
         tmp_path, clean_torch):
@@ -48,7 +50,7 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
     spec = torch_spec("hangs", tmp_path, "faulty:torch_loop_frozen_then_deadlocked", frozen, stuck=stuck,
                       slow_epoch_end_s=HANG_TIMEOUT_S + 2)
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
 
     assert result.status == "finished"
     assert [f["classification"] for f in result.failures] == ["hang", "hang"]
@@ -67,6 +69,7 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
     assert result.weights_sha256 == clean_torch.weights_sha256
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(500)
 def test_a_lightning_worker_killed_at_a_random_step_then_one_frozen_are_each_recovered_to_the_clean_weights(
         tmp_path, clean_lightning):
@@ -79,7 +82,7 @@ def test_a_lightning_worker_killed_at_a_random_step_then_one_frozen_are_each_rec
                           first_kill_at=KILL_STEP, first_marker=str(killed_marker), kill_at=freeze_at,
                           marker=str(frozen_marker), slow_validation_s=HANG_TIMEOUT_S + 2)
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
 
     assert killed_marker.exists() and frozen_marker.exists(), "a fault was never injected"
     assert result.status == "finished"
@@ -94,6 +97,7 @@ def test_a_lightning_worker_killed_at_a_random_step_then_one_frozen_are_each_rec
     assert result.weights_sha256 == clean_lightning.weights_sha256, f"kill at step {KILL_STEP}, freeze at {freeze_at}"
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_bug_in_the_training_loop_fails_the_run_on_its_first_attempt_with_where_it_was_raised(tmp_path):
     import yaml
@@ -126,6 +130,7 @@ def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attemp
     assert len(summary["starts"]) == 1 and summary["failures"][0]["classification"] == "user"
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_resume_from_another_runs_checkpoint_that_a_rank_cannot_read_fails_the_start_for_every_rank_and_retries_it(
         tmp_path, clean_torch, monkeypatch):
@@ -137,7 +142,7 @@ def test_resume_from_another_runs_checkpoint_that_a_rank_cannot_read_fails_the_s
     spec = torch_spec("unreadable", tmp_path)
     spec["resume_from"] = start.uri
     spec["env"] = {"ORCHESTRATOR_TEST_UNREADABLE_RANK": "1", "ORCHESTRATOR_TEST_UNREADABLE_MARKER": str(marker)}
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
 
     assert marker.exists(), "the fault was never injected"
     assert [f["classification"] for f in result.failures] == ["infrastructure"]

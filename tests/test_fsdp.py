@@ -13,13 +13,13 @@ import random
 import shutil
 
 import pytest
+from cli_runs import run_spec
 from conftest import assert_resumed_to_clean_weights, isolated_state, run_cli
 from specs import torch_spec
 
-import orchestrator
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
 
 # Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one.
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))
@@ -32,11 +32,12 @@ def fsdp_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory):
+def clean(tmp_path_factory, _warm_record):
     """The uninterrupted FSDP run: the killed run is compared with it, and the resized run
     continues a copy of its checkpoints (one Ray run fewer than training a first run for it)."""
-    with isolated_state(tmp_path_factory):
-        return orchestrator.run(fsdp_spec("clean", tmp_path_factory.mktemp("clean-fsdp")), console=None)
+    storage = tmp_path_factory.mktemp("clean-fsdp")
+    with isolated_state(tmp_path_factory, _warm_record):
+        return run_spec(fsdp_spec("clean", storage), str(storage))
 
 
 @pytest.mark.timeout(600)
@@ -53,7 +54,7 @@ def test_an_fsdp_job_writes_one_shard_per_rank_and_resumes_from_a_kill_to_identi
         assert all(size > 0 for size in sizes)
 
     fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
-    killed = orchestrator.run(fsdp_spec("killed", tmp_path, "faulty:torch_loop_killed_once", fault), console=None)
+    killed = run_spec(fsdp_spec("killed", tmp_path, "faulty:torch_loop_killed_once", fault), str(tmp_path))
     assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
 
 

@@ -5,11 +5,10 @@ out over the ranks with every sample trained once, and the driver says once how 
 from __future__ import annotations
 
 import pytest
+from cli_runs import run_spec
 from elastic_jobs import committed_ids
 
-import orchestrator
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
 
 
 def lightning_job(name, tmp_path, data_class, samples, **trainer):
@@ -33,7 +32,7 @@ def test_a_weighted_sampler_keeps_its_weighting_and_the_progress_bar_and_model_s
     spec, records = lightning_job("weighted", tmp_path, "lightning_data_jobs.EvenIdsData", 64,
                                   enable_progress_bar=True, enable_model_summary=True)
     lines = []
-    result = orchestrator.run(spec, console=lines.append)
+    result = run_spec(spec, str(tmp_path), lines=lines)
     assert result.status == "finished"
     trained = committed_ids(str(records))[0]
     assert len(trained) == 64, "64 draws, shared out over the two ranks"
@@ -49,7 +48,7 @@ def test_a_streaming_iterable_dataset_is_shared_out_over_the_ranks_with_each_sam
     # Mixed precision on CPU too: bf16-mixed is what torch supports there.
     spec, records = lightning_job("stream", tmp_path, "lightning_data_jobs.StreamData", 51, precision="bf16-mixed")
     lines = []
-    result = orchestrator.run(spec, console=lines.append)
+    result = run_spec(spec, str(tmp_path), lines=lines)
     assert result.status == "finished", result.error
     assert sorted(committed_ids(str(records))[0]) == list(range(50))
     assert len([line for line in lines if "reads an IterableDataset (Stream)" in line]) == 1, lines

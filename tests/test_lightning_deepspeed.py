@@ -16,10 +16,10 @@ import random
 import pytest
 import torch
 import yaml
+from cli_runs import run_spec
 from conftest import REPO, assert_resumed_to_clean_weights, run_cli, scratch_in_tmp
 from specs import lightning_spec
 
-import orchestrator
 from orchestrator.checkpoint import CheckpointStore, Manifest
 from orchestrator.checkpoint.manifest import FileEntry
 from orchestrator.checkpoint.serialization import dumps_state, loads_state, plain_state
@@ -57,10 +57,11 @@ def accumulating_spec(name, storage_dir, **model):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(600)
 def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit(tmp_path):
     scratch_before = scratch_in_tmp()
-    clean = orchestrator.run(accumulating_spec("clean", tmp_path), console=None)
+    clean = run_spec(accumulating_spec("clean", tmp_path), str(tmp_path))
     assert clean.status == "finished", clean.error
     # Lightning's steps: 2 x 10. DeepSpeed, which accumulates itself, carries an epoch's last
     # batch into the next epoch's first step; checkpoints are taken only where its steps end.
@@ -74,8 +75,8 @@ def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit
     # Killed once (rank 1, SIGKILL) and restarted by Ray Train: the same weights, bit for bit.
     # The model's hyperparameters hold a path and an enum (tests/faulty.py).
     fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
-    killed = orchestrator.run(accumulating_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier",
-                                                **fault), console=None)
+    killed = run_spec(accumulating_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier", **fault),
+                      str(tmp_path))
     assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
     assert scratch_in_tmp() <= scratch_before, "a worker's scratch (DeepSpeed's placeholders) was left behind"
 

@@ -12,13 +12,13 @@ import os
 import random
 
 import pytest
+from cli_runs import run_spec
 from conftest import REPO, assert_resumed_to_clean_weights, run_cli
 from specs import lightning_spec
 
-import orchestrator
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
 
 # Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one (2 epochs of 21 steps).
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(3, 38)))
@@ -35,8 +35,7 @@ def test_a_lightning_module_shards_with_fsdp_resumes_bit_for_bit_and_at_another_
     # Its configure_model shards nothing: the strategy shards the module after it. Unsharded, the
     # ranks would train apart (nothing would synchronise them), and the killed run below, a
     # module without a configure_model, would not end with these weights.
-    clean = orchestrator.run(fsdp_spec("clean", tmp_path, model_class="lightning_data_jobs.LazyBuildClassifier"),
-                             console=None)
+    clean = run_spec(fsdp_spec("clean", tmp_path, model_class="lightning_data_jobs.LazyBuildClassifier"), str(tmp_path))
     assert clean.status == "finished", clean.error
     committed = CheckpointStore.for_run(clean.run_dir).committed()
     assert committed
@@ -46,8 +45,7 @@ def test_a_lightning_module_shards_with_fsdp_resumes_bit_for_bit_and_at_another_
 
     # Killed once (rank 1, SIGKILL) and restarted by Ray Train: the same weights, bit for bit.
     fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
-    killed = orchestrator.run(fsdp_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier", **fault),
-                              console=None)
+    killed = run_spec(fsdp_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier", **fault), str(tmp_path))
     assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
 
     # Written by 2 ranks, continued by 1 for a third epoch: the shards are stitched together

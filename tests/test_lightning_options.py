@@ -10,13 +10,13 @@ import json
 import os
 
 import pytest
+from cli_runs import run_spec
 from conftest import scratch_in_tmp
 from mlflow import MlflowClient
 
-import orchestrator
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
 
 
 def recorded(folder) -> list[dict]:
@@ -52,7 +52,7 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
         "scaling": {"num_workers": 2},
     }
     before = scratch_in_tmp()
-    first = orchestrator.run(spec, console=None)
+    first = run_spec(spec, str(tmp_path))
     assert first.status == "finished", first.error
     # The progress loss is the training_step's own, not Lightning's loss divided by the accumulation.
     assert first.metrics["loss"] == pytest.approx(first.metrics["train_loss"], rel=1e-5)
@@ -67,7 +67,7 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
 
     # Continued for one more epoch: the checkpoint holds a path and an enum in its hparams.
     spec["lightning"]["trainer"]["max_epochs"] = 5
-    again = orchestrator.run(spec, console=None)
+    again = run_spec(spec, str(tmp_path))
     assert again.status == "finished", again.error
     assert again.resumed_from.get("step") == first.global_step
     assert again.epochs == 5 and again.global_step > first.global_step

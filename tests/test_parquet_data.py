@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from cli_runs import run_spec
 from conftest import REPO, run_cli
 
 from orchestrator.data.order import GlobalOrderSampler, rank_steps
@@ -237,11 +238,11 @@ def test_a_pass_over_a_data_set_far_larger_than_a_few_row_groups_stays_within_a_
 # --- end to end -----------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_torch_job_reading_parquet_killed_mid_epoch_trains_every_row_of_every_epoch_once(tmp_path):
     from elastic_jobs import committed_ids
 
-    import orchestrator
 
     path = write_ids(tmp_path / "d", 403, row_group=25, files=3)
     records = tmp_path / "records"
@@ -252,7 +253,7 @@ def test_a_torch_job_reading_parquet_killed_mid_epoch_trains_every_row_of_every_
             "data": {"train": {"path": path, "columns": {"id": {}, "x": {"dtype": "float32"}}, "batch_size": 8,
                                "window": 3}},
             "scaling": {"num_workers": 2}, "checkpoint": {"every_n_steps": 5}, "failure": {"max_failures": 2}}
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
     assert result.status == "finished" and result.restarts == 1
     # 403 rows, 16 per global batch: 26 steps an epoch (25 whole, then 3 rows split 2 + 1).
     assert result.global_step == 2 * 26

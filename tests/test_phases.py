@@ -5,9 +5,9 @@ that are not training have limits of their own, so a storage stall there does no
 from __future__ import annotations
 
 import pytest
+from cli_runs import run_spec
 from specs import lightning_spec, torch_spec
 
-import orchestrator
 from orchestrator.driver.watchdog import Beat, HangWatchdog
 from orchestrator.runtime.heartbeat import STARTING, TRAINING, VALIDATION, Heartbeat
 from orchestrator.spec import SpecError, validate
@@ -93,13 +93,14 @@ def test_the_phase_limits_are_spec_fields_with_a_floor():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_slow_write_and_an_evaluation_after_max_steps_do_not_restart_a_torch_run(tmp_path):
     spec = torch_spec("slow-io", tmp_path, loop="phase_jobs:slow_storage_then_evaluation", every=1)
     spec["torch"].update(max_steps=6, max_epochs=None)  # an epoch has 21 steps: it ends mid-epoch
     spec["failure"]["hang_timeout_s"] = 5
 
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
 
     assert result.status == "finished" and result.global_step == 6
     assert result.restarts == 0, result.failures
@@ -107,13 +108,14 @@ def test_a_slow_write_and_an_evaluation_after_max_steps_do_not_restart_a_torch_r
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_long_first_lightning_step_is_not_a_hang(tmp_path):
     spec = lightning_spec("slow-first", tmp_path, model_class="phase_jobs.SlowFirstStep")
     spec["lightning"]["trainer"] = {"max_steps": 3, "limit_val_batches": 2}
     spec["failure"]["hang_timeout_s"] = 5
 
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
 
     assert result.status == "finished" and result.global_step == 3
     assert result.restarts == 0, result.failures

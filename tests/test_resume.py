@@ -15,12 +15,11 @@ import subprocess
 import sys
 
 import pytest
+from cli_runs import run_spec
 from conftest import REPO, assert_resumed_to_clean_weights, run_cli, wait_for
 from specs import STEPS_PER_EPOCH, lightning_spec, torch_spec
 
-import orchestrator
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
 
 # Random steps each run; set ORCHESTRATOR_TEST_KILL_STEP / ORCHESTRATOR_TEST_DRIVER_KILL_STEP to replay one.
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))
@@ -39,7 +38,7 @@ def test_the_torch_job_is_deterministic_across_runs_and_killed_at_a_random_step_
     assert clean.global_step == 3 * STEPS_PER_EPOCH
     assert clean.metrics["test_acc"] >= 0.85
     fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
-    killed = orchestrator.run(torch_spec("killed", tmp_path, "faulty:torch_loop_killed_once", fault), console=None)
+    killed = run_spec(torch_spec("killed", tmp_path, "faulty:torch_loop_killed_once", fault), str(tmp_path))
     assert killed.status == "finished"
     assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
 
@@ -53,7 +52,7 @@ def test_a_group_that_restarts_after_the_final_checkpoint_reports_the_loaded_mod
     spec = torch_spec("ends-then-dies", tmp_path, "faulty:torch_loop_killed_once", fault, every=STEPS_PER_EPOCH)
     spec["torch"]["max_steps"] = final
     spec["checkpoint"]["async"] = False
-    result = orchestrator.run(spec, console=None)
+    result = run_spec(spec, str(tmp_path))
     assert result.restarts == 1 and result.starts[-1]["restored_step"] == final, result.starts
     assert result.global_step == final
     assert result.weights_sha256 == clean_torch.weights_sha256
@@ -66,12 +65,12 @@ def test_a_group_that_restarts_after_the_final_checkpoint_reports_the_loaded_mod
 def test_a_finished_run_continues_when_the_spec_asks_for_more(tmp_path, clean_torch):
     short = torch_spec("grow", tmp_path)
     short["torch"]["max_epochs"] = 1
-    first = orchestrator.run(short, console=None)
+    first = run_spec(short, str(tmp_path))
     assert first.status == "finished" and first.global_step == STEPS_PER_EPOCH
     one_epoch_checkpoint = first.final_checkpoint
 
     # (resume_from naming another run's checkpoint: test_failures' unreadable-checkpoint test.)
-    grown = orchestrator.run(torch_spec("grow", tmp_path), console=None)
+    grown = run_spec(torch_spec("grow", tmp_path), str(tmp_path))
     assert grown.status == "finished"
     assert grown.resumed_from["uri"] == one_epoch_checkpoint
     assert grown.weights_sha256 == clean_torch.weights_sha256

@@ -73,6 +73,7 @@ def plain_torchrun(tmp_path_factory):
     return _final(work)
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_clean_run_is_bit_equal_to_plain_torchrun_with_rank_0_live_and_every_rank_logged(tmp_path, plain_torchrun):
     done = run_cli("torchrun", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name", "clean",
@@ -90,6 +91,7 @@ def test_a_clean_run_is_bit_equal_to_plain_torchrun_with_rank_0_live_and_every_r
     assert summary["status"] == "finished" and summary["restarts"] == 0 and summary["world_size"] == 2
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(500)
 def test_a_sigkilled_then_a_sigstopped_rank_are_restarted_in_place_and_the_weights_stay_bit_equal(
         tmp_path, plain_torchrun):
@@ -125,6 +127,7 @@ def test_a_sigkilled_then_a_sigstopped_rank_are_restarted_in_place_and_the_weigh
     assert summary["status"] == "finished" and summary["restarts"] == 2
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_bug_in_a_module_run_with_m_fails_on_its_first_attempt_naming_the_line_and_the_log(tmp_path):
     done = run_cli("torchrun", "--nproc-per-node", "2", "--storage", str(tmp_path), "--name", "bug",
