@@ -30,6 +30,15 @@ def main() -> None:
     rank, port, mode, hang_timeout_s = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
     dist.init_process_group("cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
+    try:
+        take_part(rank, mode, hang_timeout_s)
+    finally:
+        # Ended as a well-behaved script ends it: a gloo world left to the interpreter's exit at
+        # times aborts the process in its teardown ("terminate called without an active exception").
+        dist.destroy_process_group()
+
+
+def take_part(rank: int, mode: str, hang_timeout_s: float) -> None:
     collectives.configure(FailureSpec(hang_timeout_s=hang_timeout_s))
     if rank == 1:
         if mode == "absent":
