@@ -41,12 +41,25 @@ def _result(spec: dict[str, Any], code: int, output: str) -> RunResult:
     return result
 
 
+def run_command(spec: dict[str, Any], spec_dir: str, *, address: str | None = None,
+                timeout: float = 400) -> subprocess.CompletedProcess:
+    """`orchestrator run` of `spec`, to its end: its exit code and output, whatever they are."""
+    return subprocess.run(_command(spec, address, spec_dir), capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=_env())
+
+
+def failure_of(done: subprocess.CompletedProcess) -> str:
+    """The one-paragraph error of a run that failed (exit 1): what `error: ` says on stderr."""
+    assert done.returncode == 1, f"exit {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stderr[done.stderr.index("error: ") + len("error: "):].strip()
+
+
 def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, timeout: float = 400,
              lines: list[str] | None = None) -> RunResult:
     """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed).
     `lines`, if given, gets what the command printed, a line each."""
-    done = subprocess.run(_command(spec, address, spec_dir), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=_env())
+    done = run_command(spec, spec_dir, address=address, timeout=timeout)
     if lines is not None:
         lines.extend((done.stdout + done.stderr).splitlines())
     return _result(spec, done.returncode, done.stdout + done.stderr)

@@ -218,6 +218,7 @@ def test_a_wrong_ray_address_exits_2_before_anything_starts(tmp_path, address, f
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_full_disk_fails_the_run_at_once_naming_the_path_the_size_and_the_fix(small_filesystem):
     storage_dir = small_filesystem / "runs"

@@ -13,14 +13,12 @@ import os
 import random
 
 import pytest
-from cli_runs import run_spec
+from cli_runs import failure_of, run_command, run_spec
 from conftest import REPO, run_cli
 from specs import lightning_spec, torch_spec
 
-import orchestrator
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.errors import TrainingFailed
 
 pytestmark = pytest.mark.slow
 
@@ -118,14 +116,14 @@ def test_a_bug_in_the_training_loop_fails_the_run_on_its_first_attempt_with_wher
     assert "ValueError: bad batch at step 3" in (tmp_path / "buggy" / "logs" / "rank-1.log").read_text()
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attempt(tmp_path):
     spec = lightning_spec("buggy", tmp_path, "faulty.BuggyClassifier", raise_at=3)
-    with pytest.raises(TrainingFailed) as info:
-        orchestrator.run(spec, console=None)
+    message = failure_of(run_command(spec, str(tmp_path)))
 
-    assert "failed on its first attempt: rank 1: KeyError" in str(info.value)
-    assert "no such feature at step 3" in str(info.value)
+    assert "failed on its first attempt: rank 1: KeyError" in message
+    assert "no such feature at step 3" in message
     summary = _summary(tmp_path / "buggy")
     assert len(summary["starts"]) == 1 and summary["failures"][0]["classification"] == "user"
 
