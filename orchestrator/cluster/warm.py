@@ -35,9 +35,11 @@ from orchestrator.cluster.processes import descendants, end_processes, session_p
 from orchestrator.errors import UserError
 
 RECORD_NAME = "warm-cluster.json"
-# Seconds `up` waits for `ray start`, and `down` for the processes to end after SIGTERM.
+# Seconds `up` waits for `ray start`, and `down` for the processes to end after SIGTERM. Short:
+# once the cluster has run jobs, Ray's own graceful stop of it (`ray start --block` on SIGTERM)
+# takes 30 s here, its GCS lingering; a local cluster keeps nothing that SIGKILL would lose.
 START_TIMEOUT_S = 120.0
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 2.0
 
 
 @dataclass
@@ -172,6 +174,6 @@ def _stop(keeper_pid: int, session_dir: str) -> None:
     terminate([keeper_pid], grace_s=STOP_GRACE_S)
     # Left after the grace: still below the keeper, or adopted elsewhere had the keeper ended.
     of_session = set(session_pids(session_dir))
-    end_processes(sorted(set(descendants(keeper_pid)) | {p for p in tree if p in of_session}), grace_s=STOP_GRACE_S)
+    end_processes(sorted(set(descendants(keeper_pid)) | {p for p in tree if p in of_session}), grace_s=1.0)
     end_processes(descendants(keeper_pid), grace_s=0)  # started meanwhile
     end_processes([keeper_pid], grace_s=1.0)
