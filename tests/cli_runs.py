@@ -60,9 +60,10 @@ def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None,
     """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed).
     `lines`, if given, gets what the command printed, a line each."""
     done = run_command(spec, spec_dir, address=address, timeout=timeout)
+    output = done.stdout + done.stderr
     if lines is not None:
-        lines.extend((done.stdout + done.stderr).splitlines())
-    return _result(spec, done.returncode, done.stdout + done.stderr)
+        lines.extend(output.splitlines())
+    return _result(spec, done.returncode, output)
 
 
 class BackgroundRun:

@@ -22,6 +22,8 @@ import time
 import pytest
 from clusters import shared_loopback_cluster, three_nodes  # noqa: F401  (fixtures)
 
+from orchestrator.cluster.warm import RECORD_NAME  # where `orchestrator up` records its cluster
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -121,9 +123,6 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
     raise TimeoutError(f"condition not met within {timeout} s")
 
 
-WARM_RECORD = "warm-cluster.json"
-
-
 @pytest.fixture(scope="session")
 def _warm_record(tmp_path_factory):
     """One warm local cluster (`orchestrator up`) for the session, started as a user starts it, in
@@ -132,7 +131,7 @@ def _warm_record(tmp_path_factory):
            "ORCHESTRATOR_DATA_DIR": os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path_factory.mktemp("warm-data")))}
     started = run_cli("up", env=env, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
-    yield os.path.join(env["ORCHESTRATOR_STATE_DIR"], WARM_RECORD)
+    yield os.path.join(env["ORCHESTRATOR_STATE_DIR"], RECORD_NAME)
     stopped = run_cli("down", env=env, timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
@@ -142,7 +141,7 @@ def join_warm_cluster(record: str) -> None:
     they read, where `orchestrator up` leaves it for a user."""
     state = os.environ["ORCHESTRATOR_STATE_DIR"]
     os.makedirs(state, exist_ok=True)
-    shutil.copy(record, os.path.join(state, WARM_RECORD))
+    shutil.copy(record, os.path.join(state, RECORD_NAME))
 
 
 @pytest.fixture
