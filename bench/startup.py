@@ -12,11 +12,18 @@ workers up" (controller, worker group, process group, checkpoint choice), to the
 "finished" (the summary written) and to the process's exit (teardown). Prints the median
 ratios, orchestrator ÷ raw Ray Train (goals: <= 0.5 for both), and the warm first step (goal:
 within 5 s).
+
+Each run's CPU is counted machine-wide (busy core-seconds from /proc/stat, as bench/suite_cpu.py
+counts them), since a run's Ray processes are not the command's children: run it with the machine
+to itself. `--by-process` also samples /proc during the warm runs and prints the core-seconds of
+each kind of process a run starts (the driver, Ray Train's controller and workers, each helper
+actor), averaged over the warm runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import resource
 import shutil
@@ -28,6 +35,10 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.suite_cpu import busy_core_seconds  # noqa: E402
+
 PHASES = (("run '", "driver ready"), ("metrics:", "Ray started"), ("workers up", "workers up"))
 
 
@@ -48,6 +59,7 @@ def _timed(command: list[str], first_step_file: str, env: dict) -> dict:
     if os.path.exists(first_step_file):
         os.unlink(first_step_file)
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy_before = busy_core_seconds()
     start = time.time()
     process = subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
@@ -61,6 +73,7 @@ def _timed(command: list[str], first_step_file: str, env: dict) -> dict:
     reader.start()
     code = process.wait(timeout=600)
     returned = time.time() - start
+    busy = busy_core_seconds() - busy_before
     reader.join(timeout=10)
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if code != 0:
@@ -68,7 +81,70 @@ def _timed(command: list[str], first_step_file: str, env: dict) -> dict:
     with open(first_step_file) as f:
         first = float(f.read()) - start
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    return {"first_step": first, "returned": returned, "cpu": cpu, "lines": lines}
+    return {"first_step": first, "returned": returned, "cpu": cpu, "busy": busy, "lines": lines}
+
+
+class ProcessCpu:
+    """Samples /proc every 50 ms: the CPU each process started since `begin` used, by its title
+    (Ray names an actor's process `ray::<class>` once the actor is created)."""
+
+    def __init__(self):
+        self.seen: dict[tuple[str, str], list] = {}  # (pid, start tick) -> [cpu_s, title]
+        self.known: set[tuple[str, str]] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _scan(self, record: bool) -> None:
+        ticks = os.sysconf("SC_CLK_TCK")
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                key = (pid, fields[19])
+                if not record:
+                    self.known.add(key)
+                    continue
+                if key in self.known:
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                self.seen[key] = [(int(fields[11]) + int(fields[12])) / ticks, title or self.seen.get(key, [0, ""])[1]]
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self._scan(record=True)
+            time.sleep(0.05)
+
+    def begin(self) -> None:
+        self._scan(record=False)  # what ran before: the warm cluster's daemons are not a run's
+        self.thread.start()
+
+    def end(self) -> dict[str, tuple[int, float]]:
+        self.stop.set()
+        self.thread.join()
+        kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+        for cpu, title in self.seen.values():
+            kind = _kind(title)
+            if kind:
+                kinds[kind][0] += 1
+                kinds[kind][1] += cpu
+        return {kind: (n, cpu) for kind, (n, cpu) in kinds.items()}
+
+
+def _kind(title: str) -> str | None:
+    if title.startswith("ray::"):
+        return title.split()[0]
+    if " -m orchestrator run" in title:
+        return "driver (orchestrator run)"
+    if "default_worker.py" in title:
+        return "Ray worker never given an actor (prestarted)"
+    if title.startswith(sys.executable) or "python" in title.split(" ")[0]:
+        return "other python: " + " ".join(title.split()[1:3])[:60]
+    return None
 
 
 def _phases(run: dict) -> str:
@@ -93,6 +169,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm-runs", type=int, default=3)
+    parser.add_argument("--by-process", action="store_true",
+                        help="the core-seconds of each kind of process the warm runs start")
     args = parser.parse_args()
 
     scratch = tempfile.mkdtemp(prefix="bench-startup-")
@@ -111,17 +189,22 @@ def main() -> None:
                 run = _timed(command, first_step_file, env)
                 results[name].append(run)
                 print(f"round {r + 1} {name:>12}: first step {run['first_step']:5.1f} s, returned "
-                      f"{run['returned']:5.1f} s, CPU {run['cpu']:5.1f} s"
+                      f"{run['returned']:5.1f} s, {run['busy']:5.1f} busy core-s"
                       + (f"  ({_phases(run)})" if name == "orchestrator" else ""), flush=True)
         subprocess.run([sys.executable, "-m", "orchestrator", "up"], cwd=REPO, env=env, check=True,
                        capture_output=True, timeout=180)
         warm = []
+        sampler = ProcessCpu() if args.by_process else None
         try:
+            if sampler:
+                sampler.begin()
             for w in range(args.warm_runs):
                 run = _timed([*orchestrator, _spec(scratch, f"warm-{w}", first_step_file)], first_step_file, env)
                 warm.append(run)
                 print(f"warm run {w + 1}: first step {run['first_step']:5.1f} s, returned {run['returned']:5.1f} s, "
-                      f"CPU {run['cpu']:5.1f} s  ({_phases(run)})", flush=True)
+                      f"{run['busy']:5.1f} busy core-s  ({_phases(run)})", flush=True)
+            if sampler:
+                _print_by_process(sampler.end(), args.warm_runs)
         finally:
             subprocess.run([sys.executable, "-m", "orchestrator", "down"], cwd=REPO, env=env, timeout=120)
 
@@ -133,10 +216,21 @@ def main() -> None:
               f"{median('raw', 'first_step'):.1f} s, returned {median('raw', 'returned'):.1f} s")
         print(f"warm median first step: {statistics.median(r['first_step'] for r in warm):.1f} s, returned "
               f"{statistics.median(r['returned'] for r in warm):.1f} s")
-        print(f"first_step_ratio={median('orchestrator', 'first_step') / median('raw', 'first_step'):.2f} "
+        print(f"busy core-s a run (medians): orchestrator cold {median('orchestrator', 'busy'):.1f}, raw Ray Train "
+              f"cold {median('raw', 'busy'):.1f}, orchestrator warm {statistics.median(r['busy'] for r in warm):.1f}")
+        print(f"cpu_ratio={median('orchestrator', 'busy') / median('raw', 'busy'):.2f} "
+              f"first_step_ratio={median('orchestrator', 'first_step') / median('raw', 'first_step'):.2f} "
               f"return_ratio={median('orchestrator', 'returned') / median('raw', 'returned'):.2f}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _print_by_process(kinds: dict[str, tuple[int, float]], runs: int) -> None:
+    total = sum(cpu for _, cpu in kinds.values())
+    print(f"core-s a warm run, by process ({runs} runs; processes started while they ran):")
+    for kind, (n, cpu) in sorted(kinds.items(), key=lambda item: -item[1][1]):
+        print(f"  {cpu / runs:5.2f}  {n / runs:4.1f} process(es)  {kind}")
+    print(f"  {total / runs:5.2f}  in all")
 
 
 if __name__ == "__main__":
