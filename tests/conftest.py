@@ -1,5 +1,11 @@
 """Shared fixtures. Tests that start Ray are marked `slow`; each one cleans up its own processes.
 
+The suite runs on every core with pytest -n (the README's command): each xdist worker has its own
+warm cluster and S3 server, the clean runs are run once for all workers, and the tests that start
+loopback clusters in the test process stay on one worker (IN_PROCESS_CLUSTERS). Whatever a test
+checks of the machine (scratch folders, Ray processes) is its own run's, found by its own folder
+or session, never by a machine-wide listing that a test beside it would change.
+
 Nothing here changes how Ray or the orchestrator behave for the whole test process: the tests run
 the product in the environment a user's shell has. Tests whose point is a run, not how its
 cluster starts, ask for `warm_cluster`: their runs join one warm local cluster (`orchestrator
@@ -11,26 +17,58 @@ their node address.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
-from clusters import shared_loopback_cluster, three_nodes  # noqa: F401  (fixtures)
+from clusters import shared_loopback_cluster, three_nodes, uses_shared_cluster  # noqa: F401  (fixtures)
 
 from orchestrator.cluster.warm import RECORD_NAME  # where `orchestrator up` records its cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The tests that start loopback clusters in the test process (ray.cluster_utils.Cluster), by
+# nodeid prefix. Under pytest -n they run on one worker, one after another: the shared cluster
+# (tests/clusters.py) is started once for them, and no two clusters with Ray's fixed default
+# ports (the dashboard's) run at once.
+IN_PROCESS_CLUSTERS = (
+    "tests/test_elastic.py::",
+    "tests/test_node_loss.py::",
+    "tests/test_placement.py::",
+    "tests/test_doctor.py::test_doctor_passes_a_sound_cluster",
+    "tests/test_torchrun.py::test_two_nodes_of_two_ranks",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests on the shared loopback cluster (tests/clusters.py) run together at the end of the
-    session: the cluster is started for them and not left idle beside the other tests' clusters."""
-    items.sort(key=lambda item: "shared_loopback_cluster" in getattr(item, "fixturenames", ()))
+    """The slow tests come before the fast ones, so that under pytest -n a worker's last tests
+    are short ones and neither waits long on the other at the end. Every test on the shared
+    loopback cluster must be listed in IN_PROCESS_CLUSTERS."""
+    for item in items:
+        if uses_shared_cluster(item) and not item.nodeid.startswith(IN_PROCESS_CLUSTERS):
+            raise pytest.UsageError(f"{item.nodeid} uses the shared loopback cluster: add it to "
+                                    "IN_PROCESS_CLUSTERS in tests/conftest.py, so that pytest -n keeps it on one worker")
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest -n: xdist's load scheduling, with the tests of IN_PROCESS_CLUSTERS as one unit of
+    work (one worker, in turn). The biggest units go first, so that unit starts at once, and the
+    rest, one test a unit, go to whichever worker is free, in the order above."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class InProcessClustersOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "in-process clusters" if nodeid.startswith(IN_PROCESS_CLUSTERS) else nodeid
+
+    return InProcessClustersOnOneWorker(config, log)
 
 
 def _private_state(patch: pytest.MonkeyPatch, make_dir) -> None:
@@ -100,9 +138,20 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subpro
                           timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
 
 
-def scratch_in_tmp() -> set[str]:
-    """The orchestrator's folders in the temp dir (workers' scratch, resume copies)."""
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("orchestrator-")}
+@pytest.fixture
+def run_temp_dir(tmp_path) -> str:
+    """A temp dir of the test's own for its runs' workers: a spec that names it as `TMPDIR` in its
+    `env` gets every worker's temp files there (Python's tempfile, and so the orchestrator's
+    scratch, follows TMPDIR), so what a run leaves behind is its own, whatever other tests run
+    beside it (pytest -n)."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    return str(folder)
+
+
+def scratch_in(folder: str) -> set[str]:
+    """The orchestrator's folders in a temp dir (workers' scratch, resume copies)."""
+    return {n for n in os.listdir(folder) if n.startswith("orchestrator-")}
 
 
 def assert_resumed_to_clean_weights(killed, clean, marker, kill_step: int) -> None:
@@ -157,26 +206,45 @@ def warm_cluster(_warm_record):
     join_warm_cluster(_warm_record)
 
 
+def _once_for_the_session(tmp_path_factory, name: str, _warm_record: str, spec_of):
+    """The RunResult of the run `spec_of(name, storage)`, run once for the whole session: under
+    pytest -n, the first worker to ask runs it (on its own warm cluster) while any other that asks
+    waits on a lock, then reads the same run's summary. A run that failed is run again by the
+    next worker to ask, so each one's test sees the failure itself."""
+    from cli_runs import run_spec
+
+    from orchestrator import storage as storages
+    from orchestrator.observe.result import RunResult
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the folder every worker's basetemp is in
+    folder = shared / f"session-{name}"
+    with open(shared / f"session-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, whatever happens
+        done = RunResult.load(storages.resolve(str(folder)).join("clean"))
+        if done is not None and done.status == "finished":
+            return done
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        with isolated_state(tmp_path_factory, _warm_record):
+            return run_spec(spec_of("clean", folder), str(folder))
+
+
 @pytest.fixture(scope="session")
 def clean_torch(tmp_path_factory, _warm_record):
     """The uninterrupted torch run (specs.torch_spec) every interrupted one is compared with."""
-    from cli_runs import run_spec
     from specs import torch_spec
 
-    storage = tmp_path_factory.mktemp("clean-torch")
-    with isolated_state(tmp_path_factory, _warm_record):
-        return run_spec(torch_spec("clean", storage), str(storage))
+    return _once_for_the_session(tmp_path_factory, "clean-torch", _warm_record, torch_spec)
 
 
 @pytest.fixture(scope="session")
 def clean_lightning(tmp_path_factory, _warm_record):
     """The uninterrupted Lightning run (specs.lightning_spec) every interrupted one is compared with."""
-    from cli_runs import run_spec
     from specs import lightning_spec
 
-    storage = tmp_path_factory.mktemp("clean-lightning")
-    with isolated_state(tmp_path_factory, _warm_record):
-        return run_spec(lightning_spec("clean", storage), str(storage))
+    return _once_for_the_session(tmp_path_factory, "clean-lightning", _warm_record, lightning_spec)
 
 
 @pytest.fixture

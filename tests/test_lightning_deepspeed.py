@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from cli_runs import run_spec
-from conftest import REPO, assert_resumed_to_clean_weights, run_cli, scratch_in_tmp
+from conftest import REPO, assert_resumed_to_clean_weights, run_cli, scratch_in
 from specs import lightning_spec
 
 from orchestrator.checkpoint import CheckpointStore, Manifest
@@ -47,10 +47,13 @@ def deepspeed_spec(name, storage_dir, strategy="deepspeed_stage_3", precision="b
     return spec
 
 
-def accumulating_spec(name, storage_dir, **model):
+def accumulating_spec(name, storage_dir, temp_dir=None, **model):
     """ZeRO-3 with the Trainer arguments Lightning writes into DeepSpeed's config; 21 batches an
-    epoch, so Lightning's and DeepSpeed's accumulation boundaries part in the second epoch."""
+    epoch, so Lightning's and DeepSpeed's accumulation boundaries part in the second epoch. With
+    `temp_dir`, the workers' TMPDIR (conftest.run_temp_dir)."""
     spec = deepspeed_spec(name, storage_dir, **model)
+    if temp_dir:
+        spec["env"] = {"TMPDIR": temp_dir}
     spec["lightning"]["trainer"].update(accumulate_grad_batches=2, gradient_clip_val=0.5)
     spec["checkpoint"]["every_n_steps"] = 3
     return spec
@@ -59,9 +62,8 @@ def accumulating_spec(name, storage_dir, **model):
 @pytest.mark.slow
 @pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(600)
-def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit(tmp_path):
-    scratch_before = scratch_in_tmp()
-    clean = run_spec(accumulating_spec("clean", tmp_path), str(tmp_path))
+def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit(tmp_path, run_temp_dir):
+    clean = run_spec(accumulating_spec("clean", tmp_path, temp_dir=run_temp_dir), str(tmp_path))
     assert clean.status == "finished", clean.error
     # Lightning's steps: 2 x 10. DeepSpeed, which accumulates itself, carries an epoch's last
     # batch into the next epoch's first step; checkpoints are taken only where its steps end.
@@ -75,10 +77,10 @@ def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit
     # Killed once (rank 1, SIGKILL) and restarted by Ray Train: the same weights, bit for bit.
     # The model's hyperparameters hold a path and an enum (tests/faulty.py).
     fault = {"kill_at": KILL_STEP, "marker": str(tmp_path / "kill-marker"), "kill_rank": 1}
-    killed = run_spec(accumulating_spec("killed", tmp_path, model_class="faulty.KilledOnceClassifier", **fault),
-                      str(tmp_path))
+    killed = run_spec(accumulating_spec("killed", tmp_path, temp_dir=run_temp_dir,
+                                        model_class="faulty.KilledOnceClassifier", **fault), str(tmp_path))
     assert_resumed_to_clean_weights(killed, clean, fault["marker"], KILL_STEP)
-    assert scratch_in_tmp() <= scratch_before, "a worker's scratch (DeepSpeed's placeholders) was left behind"
+    assert not scratch_in(run_temp_dir), "a worker's scratch (DeepSpeed's placeholders) was left behind"
 
     # What DeepSpeed cannot resume is refused on the driver (exit 2, no worker started); a resume
     # with another strategy is refused by the same check (test below).

@@ -11,7 +11,7 @@ import os
 
 import pytest
 from cli_runs import run_spec
-from conftest import scratch_in_tmp
+from conftest import scratch_in
 from mlflow import MlflowClient
 
 from orchestrator.checkpoint import CheckpointStore
@@ -29,7 +29,7 @@ def recorded(folder) -> list[dict]:
 
 @pytest.mark.timeout(400)
 def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_and_paths_in_hparams_continue(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, run_temp_dir):
     records = tmp_path / "records"
     records.mkdir()
     spec = {
@@ -50,8 +50,8 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
                        {"class_path": "lightning.pytorch.loggers.MLFlowLogger"}],
         },
         "scaling": {"num_workers": 2},
+        "env": {"TMPDIR": run_temp_dir},
     }
-    before = scratch_in_tmp()
     first = run_spec(spec, str(tmp_path))
     assert first.status == "finished", first.error
     # The progress loss is the training_step's own, not Lightning's loss divided by the accumulation.
@@ -71,7 +71,7 @@ def test_callbacks_and_loggers_from_the_spec_a_model_checkpoint_keeps_the_best_a
     assert again.status == "finished", again.error
     assert again.resumed_from.get("step") == first.global_step
     assert again.epochs == 5 and again.global_step > first.global_step
-    assert scratch_in_tmp() == before, "a run and its resume leave nothing in the temp dir"
+    assert not scratch_in(run_temp_dir), "a run and its resume leave nothing in the temp dir"
 
     # One logger run for both: the CSV holds every epoch once, in step order; TensorBoard one folder.
     logs = tmp_path / "runs" / "options" / "logs" / "lightning"

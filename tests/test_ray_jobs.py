@@ -130,7 +130,11 @@ def _status(env, address, job_id) -> str:
 def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node, tmp_path, clean_torch):
     address, env = head_node
     spec_path = tmp_path / "job.yaml"
-    spec = torch_spec("ray-job", tmp_path, loop="faulty:slow_loop", sleep_s=0.2)
+    # Rank 0 holds 10 s at step 22, two checkpoints in: the stop lands mid-run however long
+    # `ray job stop` takes on a loaded machine, and well within the job's 20 s grace.
+    marker = tmp_path / "at-step-22"
+    spec = torch_spec("ray-job", tmp_path, loop="faulty:slow_loop", sleep_s=0.2, mark_at=22, marker=str(marker),
+                      hold_s=10.0)
     spec_path.write_text(yaml.safe_dump(spec))
     store = CheckpointStore(storage.resolve(str(tmp_path / "ray-job")))
 
@@ -138,8 +142,8 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     # tells users to: Ray's job supervisor and the driver both take it from the job's runtime_env.
     first = _submit(env, address, spec_path, RAY_JOB_STOP_WAIT_TIME_S="20")
     try:
-        wait_for(lambda: len(store.committed()) >= 2 or _status(env, address, first) in ("FAILED", "SUCCEEDED"),
-                 timeout=240, interval=1)
+        wait_for(lambda: (marker.exists() and len(store.committed()) >= 2)
+                 or _status(env, address, first) in ("FAILED", "SUCCEEDED"), timeout=240, interval=0.5)
     finally:
         status, logs = _status(env, address, first), _ray_job(env, address, "logs", first)
     assert status == "RUNNING", f"{status}: {logs.stdout[-3000:]}{logs.stderr[-3000:]}"

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, free_port, run_cli, scratch_in_tmp, wait_for
+from conftest import REPO, free_port, run_cli, scratch_in, wait_for
 from node_faults import kill_node
 
 pytestmark = pytest.mark.slow
@@ -164,7 +164,7 @@ ONE_CPU = "scaling.resources_per_worker={CPU: 1}"
 
 @pytest.mark.timeout(500)
 def test_two_nodes_of_two_ranks_get_every_variable_torchrun_gives_and_an_elastic_run_finishes_on_one_after_the_other_is_lost(
-        three_nodes, tmp_path):
+        three_nodes, tmp_path, run_temp_dir):
     """--nnodes 1:2 on two nodes of two ranks each: every rank gets every variable torchrun gives.
     Then one node is killed in epoch 1 (its raylet and workers SIGKILLed; its ranks die with their
     worker); Ray Train restarts the group on the node left, WORLD_SIZE 2, restart count 1, and
@@ -172,9 +172,9 @@ def test_two_nodes_of_two_ranks_get_every_variable_torchrun_gives_and_an_elastic
     two_nodes = three_nodes
     two_nodes.remove_node(next(iter(two_nodes.worker_nodes)))  # two nodes: none to grow back onto
     work, env_out = tmp_path / "elastic" / "work", tmp_path / "seen"
-    scratch_before = scratch_in_tmp()
     argv = ["torchrun", "--nnodes", "1:2", "--nproc_per_node", "2", "--max_restarts", "4", "--storage", str(tmp_path),
             "--name", "elastic", "--address", two_nodes.address, "--set", ONE_CPU, "--env", "SEED_FROM_FLAG=1",
+            "--env", f"TMPDIR={run_temp_dir}",
             SEED, "--work_dir", "{run_dir}/work", "--epochs", "3", "--step_sleep", "0.25", "--env_out", str(env_out)]
     victim = next(n for n in two_nodes.worker_nodes if n is not two_nodes.head_node)
     code, output = _strike_when(argv, work, lambda e: e["kind"] == "epoch_end" and e["epoch"] == 0,
@@ -215,7 +215,7 @@ def test_two_nodes_of_two_ranks_get_every_variable_torchrun_gives_and_an_elastic
     assert _final(str(work))["world_size"] == 2 and _final(str(work))["epochs"] == 3
     assert _summary(tmp_path, "elastic")["status"] == "finished"
     # The killed node's supervisor could not remove its scratch folder; the restarted one did.
-    assert scratch_in_tmp() - scratch_before == set()
+    assert not scratch_in(run_temp_dir)
 
 
 @pytest.mark.timeout(300)
