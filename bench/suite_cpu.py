@@ -3,6 +3,9 @@ shortest time any schedule of them (serial, or split over processes) could take 
 
     python -m pytest -q -p bench.suite_cpu [--suite-cpu-out FILE] [pytest's own arguments]
 
+With pytest -n (the README's command), the session's figures are the whole machine's as before;
+a test's own figures then include what the other workers ran beside it.
+
 Counted machine-wide from /proc/stat, not from the test process's rusage: a Ray run's CPU is spent
 in the driver, the warm cluster's daemons and a dozen actor processes, none of them the test
 process's children. So run it with the machine to itself; what else runs is counted too, and
@@ -40,7 +43,31 @@ def busy_core_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+class TestCpu:
+    """In the process that runs the tests: each test's figures, from its start to its teardown,
+    sent with its teardown report (as a user property, which pytest -n carries to the controller)."""
+
+    def __init__(self):
+        self.cores = os.cpu_count() or 1
+        self.started: dict[str, tuple[float, float]] = {}
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.started[nodeid] = (time.monotonic(), busy_core_seconds())
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        if call.when == "teardown" and item.nodeid in self.started:
+            wall0, busy0 = self.started.pop(item.nodeid)
+            wall, busy = time.monotonic() - wall0, busy_core_seconds() - busy0
+            item.user_properties.append(("suite_cpu", {
+                "test": item.nodeid, "wall_s": round(wall, 2), "busy_core_s": round(busy, 2),
+                "busy_fraction": round(busy / (self.cores * wall), 3) if wall > 0 else 0.0}))
+        yield
+
+
 class SuiteCpu:
+    """In the process that reports (pytest's own, or the controller of pytest -n): the session."""
+
     def __init__(self, out: str | None):
         self.out = out
         self.cores = os.cpu_count() or 1
@@ -50,13 +77,9 @@ class SuiteCpu:
         self.background_busy = (busy_core_seconds() - before) / BACKGROUND_S  # cores busy before any test
         self.start = (time.monotonic(), busy_core_seconds())
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item, nextitem):
-        wall0, busy0 = time.monotonic(), busy_core_seconds()
-        yield
-        wall, busy = time.monotonic() - wall0, busy_core_seconds() - busy0
-        self.rows.append({"test": item.nodeid, "wall_s": round(wall, 2), "busy_core_s": round(busy, 2),
-                          "busy_fraction": round(busy / (self.cores * wall), 3) if wall > 0 else 0.0})
+    def pytest_runtest_logreport(self, report):
+        if report.when == "teardown":
+            self.rows.extend(row for key, row in report.user_properties if key == "suite_cpu")
 
     def session(self) -> dict:
         wall0, busy0 = self.start
@@ -90,4 +113,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.pluginmanager.register(SuiteCpu(config.getoption("--suite-cpu-out")), "suite-cpu")
+    workers = config.getoption("numprocesses", None)  # pytest -n N: this is the controller
+    if not hasattr(config, "workerinput"):  # not a worker of pytest -n
+        config.pluginmanager.register(SuiteCpu(config.getoption("--suite-cpu-out")), "suite-cpu")
+    if hasattr(config, "workerinput") or not workers:
+        config.pluginmanager.register(TestCpu(), "suite-cpu-tests")
