@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -129,9 +130,13 @@ def test_importing_the_package_loads_neither_torch_nor_ray():
 def test_a_spec_with_an_unknown_key_is_refused_within_a_second(tmp_path):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\ntorch: {train_loop: jobs.digits_torch:train_loop, max_steps: 5}\nscalling: {}\n")
-    start = time.monotonic()
+    start, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(spec)], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
-    took = time.monotonic() - start
+    took, after = time.monotonic() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 2 and "did you mean 'scaling'" in done.stderr, done.stderr
-    assert took < 2.0, f"{took:.2f} s (the goal is under 1 s; the bound leaves slack for a loaded machine)"
+    # The command's own CPU time, which tests running beside it (pytest -n) do not stretch as they
+    # do its wall time: under a second, as the goal says. The wall bound catches a wait (on Ray, say).
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU (the goal is under 1 s)"
+    assert took < 10.0, f"{took:.2f} s"
