@@ -47,7 +47,7 @@ def uses_shared_cluster(item) -> bool:
 @pytest.fixture(scope="session")
 def shared_loopback_cluster(request):
     """Started for the first test that asks for it and shut down after the last one this process
-    runs, not at the end of the session: under pytest -n they all run, as one xdist_group, on one
+    runs, not at the end of the session: under pytest -n they all run, as one unit of work, on one
     worker (conftest.py), which goes on to other tests without four idle nodes beside them."""
     shared = _Shared(remaining=sum(1 for item in request.session.items if uses_shared_cluster(item)))
     yield shared
