@@ -48,13 +48,15 @@ IN_PROCESS_CLUSTERS = (
 
 def pytest_collection_modifyitems(config, items):
     """The slow tests come before the fast ones, so that under pytest -n a worker's last tests
-    are short ones and neither waits long on the other at the end. Every test on the shared
-    loopback cluster must be listed in IN_PROCESS_CLUSTERS."""
+    are short ones and neither waits long on the other at the end; the tests on the shared
+    loopback cluster come last, together, so that one process running the whole suite does not
+    keep the cluster idle beside the others (under -n they are one unit of work, which goes
+    first). Every test on the shared loopback cluster must be listed in IN_PROCESS_CLUSTERS."""
     for item in items:
         if uses_shared_cluster(item) and not item.nodeid.startswith(IN_PROCESS_CLUSTERS):
             raise pytest.UsageError(f"{item.nodeid} uses the shared loopback cluster: add it to "
                                     "IN_PROCESS_CLUSTERS in tests/conftest.py, so that pytest -n keeps it on one worker")
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (uses_shared_cluster(item), item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(optionalhook=True)
