@@ -38,6 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.suite_cpu import busy_core_seconds  # noqa: E402
+from bench.torchrun import _process_table  # noqa: E402  (every process's parent, start tick and CPU)
 
 PHASES = (("run '", "driver ready"), ("metrics:", "Ray started"), ("workers up", "workers up"))
 
@@ -89,30 +90,23 @@ class ProcessCpu:
     (Ray names an actor's process `ray::<class>` once the actor is created)."""
 
     def __init__(self):
-        self.seen: dict[tuple[str, str], list] = {}  # (pid, start tick) -> [cpu_s, title]
-        self.known: set[tuple[str, str]] = set()
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, start tick) -> [cpu_s, title]
+        self.known: set[tuple[int, int]] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _scan(self, record: bool) -> None:
-        ticks = os.sysconf("SC_CLK_TCK")
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                key = (pid, fields[19])
-                if not record:
-                    self.known.add(key)
+        children, cpu = _process_table()
+        for key in (process for processes in children.values() for process in processes):  # (pid, start tick)
+            if not record:
+                self.known.add(key)
+            elif key not in self.known:
+                try:
+                    with open(f"/proc/{key[0]}/cmdline", "rb") as f:
+                        title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                except OSError:
                     continue
-                if key in self.known:
-                    continue
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                self.seen[key] = [(int(fields[11]) + int(fields[12])) / ticks, title or self.seen.get(key, [0, ""])[1]]
-            except (OSError, IndexError, ValueError):
-                continue
+                self.seen[key] = [cpu[key[0]], title or self.seen.get(key, [0, ""])[1]]
 
     def _loop(self) -> None:
         while not self.stop.is_set():
