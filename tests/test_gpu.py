@@ -15,8 +15,29 @@ import torch
 import orchestrator
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL, bf16)")]
+
+def why_no_gpu() -> str | None:
+    """What this Python lacks for the GPU tests, and how to get it; None when it has a GPU."""
+    if torch.version.cuda is None:
+        return (f"needs a CUDA build of torch and a GPU; this torch ({torch.__version__}) is a CPU build. On a GPU "
+                "host, install torch from PyTorch's CUDA index first, then the project (README: 'On GPUs')")
+    if not torch.cuda.is_available():
+        return (f"needs a CUDA GPU (NCCL, bf16); torch {torch.__version__} (CUDA {torch.version.cuda}) sees none: "
+                "check nvidia-smi and CUDA_VISIBLE_DEVICES")
+    return None
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_no_gpu() is not None, reason=why_no_gpu() or "")]
+
+
+def needs_deepspeed(strategy: str):
+    if strategy != "deepspeed":
+        return strategy
+    import importlib.util
+
+    missing = importlib.util.find_spec("deepspeed") is None
+    return pytest.param(strategy, marks=pytest.mark.skipif(
+        missing, reason="strategy deepspeed needs DeepSpeed: pip install -e '.[deepspeed]'"))
 
 
 def gpt_spec(name, storage, strategy, max_steps):
@@ -37,7 +58,7 @@ def gpt_spec(name, storage, strategy, max_steps):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
+@pytest.mark.parametrize("strategy", [needs_deepspeed(s) for s in ("ddp", "fsdp", "deepspeed")])
 def test_the_gpt_job_trains_on_gpus_with_nccl_and_bf16_and_resumes_from_its_checkpoint(tmp_path, strategy):
     first = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 30), console=None)
     assert first.status == "finished", first.error
