@@ -3,30 +3,63 @@
 A state is serialised by `torch.save` straight into its file (`Serialized`), so saving holds no
 copy of it beyond the snapshot. Local and shared filesystems get an fsync of every file before
 the manifest that names it; object stores publish an object only once its upload completes.
+
+Reading a checkpoint back tells two failures apart (`read_retrying`). A file the manifest names
+that is not there is a fact about the checkpoint. Any other storage error (EIO, a timeout, S3
+throttling or a 5xx, which pyarrow raises as OSError) says nothing about it: the read is tried
+again, and if storage never answers it fails as `CheckpointUnreadable`, which never makes a
+checkpoint count as corrupt.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import torch
 
 from orchestrator import storage
 from orchestrator.checkpoint.manifest import FileEntry
 from orchestrator.errors import UserError
+from orchestrator.failures import TransientStartError
 from orchestrator.storage import Location
 
+log = logging.getLogger(__name__)
+
 CHUNK_BYTES = 8 << 20
+
+# A checkpoint read that fails with a storage error is tried again: first after this many
+# seconds, each wait twice the one before...
+READ_RETRY_FIRST_WAIT_S = 0.5
+# ...until the waits would pass this many seconds in all (0.5 + 1 + 2 + 4 + 8: six tries over
+# 15.5 s of waiting); then the read fails as CheckpointUnreadable (an infrastructure failure).
+READ_RETRY_BUDGET_S = 30.0
+# Errors that prove a file is not where its manifest says: a verified fault of the checkpoint,
+# never retried. Every other OSError is the storage's, and is.
+MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+T = TypeVar("T")
 
 
 class StorageFull(UserError):
     """A checkpoint could not be written because its filesystem is full. Retrying cannot help."""
+
+
+class CheckpointUnreadable(TransientStartError):
+    """Storage failed every try to return a checkpoint's file (EIO, a timeout, S3 throttling).
+
+    Not a verdict on the checkpoint: nothing is skipped or set aside for it. In a worker it is a
+    start that could not read its checkpoint, so `failures.classify` calls it infrastructure
+    whatever the storage's error was (retried against failure.max_failures, never judged the
+    user's for coming back at the same step).
+    """
 
 
 @dataclass
@@ -119,6 +152,34 @@ def file_entry(loc: Location) -> FileEntry:
             digest.update(view[:n])
             size += n
     return FileEntry(size=size, sha256=digest.hexdigest())
+
+
+def read_retrying(checkpoint_uri: str, what: str, read: Callable[..., T], *args: Any) -> T:
+    """`read(*args)`, tried again after a storage error, with waits that double (READ_RETRY_*).
+
+    A missing file (MISSING_ERRORS) and any error that is not an OSError (a checksum or a
+    manifest that does not decode, found by the caller) pass through at once. An OSError on
+    the last try becomes CheckpointUnreadable, naming `checkpoint_uri` and `what` was read.
+    """
+    waited, wait, attempts = 0.0, READ_RETRY_FIRST_WAIT_S, 1
+    while True:
+        try:
+            return read(*args)
+        except MISSING_ERRORS:
+            raise
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if waited + wait > READ_RETRY_BUDGET_S:
+                raise CheckpointUnreadable(
+                    f"checkpoint {checkpoint_uri} could not be read: {what} failed {attempts} times over "
+                    f"{waited:.1f} s, the last time with {error}. This is an error of the storage (an I/O "
+                    "error, a timeout, throttling), not a damaged checkpoint, so the checkpoint was not "
+                    "skipped or set aside and every checkpoint after it is kept. Fix: make sure the storage "
+                    "answers, then restart or resubmit the run (the same command) to resume from it."
+                ) from exc
+            log.warning("checkpoint %s: %s failed (%s); trying again in %.1f s", checkpoint_uri, what, error, wait)
+        time.sleep(wait)
+        waited, wait, attempts = waited + wait, wait * 2, attempts + 1
 
 
 def fsync_dir(path: str) -> None:

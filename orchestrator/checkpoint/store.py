@@ -10,7 +10,10 @@ gives the same guarantee. Then the new checkpoint is read back (sizes and hashes
 on object stores); only a checkpoint confirmed that way lets retention delete older ones.
 
 Readers only ever take committed checkpoints, and loading re-checks every checksum, falling back
-to the previous checkpoint with a warning when one turns out partial or corrupt.
+to the previous checkpoint with a warning when one turns out partial or corrupt. Only a verified
+fault counts as corrupt (a checksum, a file the manifest names that is missing, a manifest that
+does not decode); any other storage error is retried and then raised as CheckpointUnreadable
+(files.py, `read_retrying`), so a storage hiccup never sets a healthy checkpoint aside.
 
 Branches. A run that resumes from a checkpoint older than its newest (a rollback with an explicit
 resume_from, or rank 0 falling back past a corrupt newest one) trains another trajectory from
@@ -40,12 +43,15 @@ import pyarrow.fs as pafs
 from orchestrator import storage
 from orchestrator.checkpoint import phases, retention
 from orchestrator.checkpoint.files import (
+    MISSING_ERRORS,
+    CheckpointUnreadable,
     Payload,
     discard,
     file_entry,
     fsync_dir,
     is_disk_full,
     payload_bytes,
+    read_retrying,
     remove_tree,
     storage_full_error,
     write_file,
@@ -74,7 +80,8 @@ def _hold_nothing(_name: str) -> bool:
 
 
 class CorruptCheckpoint(Exception):
-    """A checkpoint failed verification; `reason` says what was wrong."""
+    """A checkpoint failed verification; `reason` says what was wrong. Only for a verified fault:
+    a storage error that says nothing of the checkpoint is CheckpointUnreadable instead."""
 
     def __init__(self, name: str, reason: str):
         super().__init__(f"{name}: {reason}")
@@ -152,6 +159,9 @@ class CheckpointStore:
         other file is checked too, streamed through its hash and never held (whoever decides
         which checkpoint a group resumes from); without, only the kept ones (a rank loading the
         checkpoint already chosen for it reads only its own shard).
+
+        Raises CorruptCheckpoint for a missing file or a failed checksum, CheckpointUnreadable
+        when storage fails every retry of a read (the checkpoint may well be whole).
         """
         if info.status != "committed" or info.manifest is None:
             raise CorruptCheckpoint(info.name, info.problem or info.status)
@@ -163,12 +173,12 @@ class CheckpointStore:
             loc = info.location.join(fname)
             try:
                 if hold:
-                    data = storage.read_bytes(loc)
+                    data = read_retrying(info.uri, f"reading file '{fname}'", storage.read_bytes, loc)
                     found = FileEntry(size=len(data), sha256=_sha256(data))
                 else:
-                    found = file_entry(loc)
-            except (OSError, FileNotFoundError) as exc:
-                raise CorruptCheckpoint(info.name, f"file '{fname}' unreadable ({exc})") from None
+                    found = read_retrying(info.uri, f"reading file '{fname}'", file_entry, loc)
+            except MISSING_ERRORS as exc:
+                raise CorruptCheckpoint(info.name, f"file '{fname}' is missing ({exc})") from None
             if found != entry:
                 raise CorruptCheckpoint(info.name, f"file '{fname}' fails its sha256 check")
             if hold:
@@ -176,16 +186,23 @@ class CheckpointStore:
         return files
 
     def verify(self, info: CheckpointInfo) -> CheckpointInfo:
-        """Full check of every checksum, streamed; returns the info with its status updated."""
+        """Full check of every checksum, streamed; returns the info with its status updated:
+        "corrupt" for a verified fault, "unreadable" when storage would not return a file."""
         if info.status == "committed":
             try:
                 self.read_files(info, _hold_nothing)
             except CorruptCheckpoint as exc:
                 info.status, info.problem = "corrupt", exc.reason
+            except CheckpointUnreadable as exc:
+                info.status, info.problem = "unreadable", str(exc)
         return info
 
     def latest_loadable(self, keep: Callable[[str], bool] | None = None) -> Selection:
-        """The newest checkpoint that verifies, its kept files, and a warning for each one skipped."""
+        """The newest checkpoint that verifies, its kept files, and a warning for each one skipped.
+
+        Only a verified fault skips a checkpoint: CheckpointUnreadable (storage failing every
+        retry) is raised, since what comes after a skip may be set aside for good.
+        """
         skipped: list[str] = []
         for info in reversed(self.scan()):
             if info.name.startswith(TMP_PREFIX) or info.status == "superseded":
@@ -221,11 +238,14 @@ class CheckpointStore:
 
     def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None, *,
                  verify_all: bool = True) -> tuple[CheckpointInfo, dict[str, bytes]]:
-        """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not."""
-        loc = storage.resolve(uri)
+        """Exactly the checkpoint at `uri` (resume_from: <uri>), or a CheckpointError saying why not
+        (verified: the folder is not there, the checkpoint is partial or corrupt).
+        CheckpointUnreadable: storage failed every retry, and nothing is known to be wrong with it."""
+        loc = self._location_of(uri)
         name = os.path.basename(loc.path.rstrip("/"))
         match = STEP_DIR.match(name)
-        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+        kind = read_retrying(uri, "looking up the checkpoint folder", _file_type, loc)
+        if kind != pafs.FileType.Directory:
             raise CheckpointError(
                 f"resume_from '{uri}': no checkpoint folder exists there. Fix: pick one listed by "
                 "`orchestrator checkpoints <run>` or use resume_from: latest."
@@ -239,6 +259,13 @@ class CheckpointStore:
                 f"({exc.reason}) and cannot be loaded. Fix: pick a committed checkpoint from "
                 "`orchestrator checkpoints <run> --verify`, or use resume_from: latest."
             ) from None
+
+    def _location_of(self, uri: str) -> Location:
+        """A checkpoint by its URI: one of this store's is read through the store's own
+        filesystem (its client and options), any other resolved from the URI."""
+        name = uri.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+        own = self.root.join(name)
+        return own if own.uri == uri else storage.resolve(uri)
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -330,11 +357,15 @@ class CheckpointStore:
         """Read a just-committed checkpoint back: hashes on local and shared filesystems, sizes
         on object stores (whose uploads are checksummed on the way). Only a confirmed checkpoint
         counts for retention."""
-        checked = inspect_location(info.location, info.name, info.step)
+        try:
+            checked = inspect_location(info.location, info.name, info.step)
+        except CheckpointUnreadable as exc:  # storage failing now: unconfirmed, nothing set aside
+            checked = CheckpointInfo(info.name, info.location, info.step, "unreadable", problem=str(exc))
         if checked.status == "committed" and info.location.is_local:
             checked = self.verify(checked)
         if checked.status != "committed":
-            info.status, info.problem = "corrupt", checked.problem
+            info.status = "unreadable" if checked.status == "unreadable" else "corrupt"
+            info.problem = checked.problem
             log.warning("checkpoint %s was committed but does not read back intact (%s); older checkpoints "
                         "are kept and resuming skips it", info.uri, checked.problem)
             return info
@@ -522,15 +553,26 @@ _SUPERSEDED = "a later branch of the run started before it (files kept; not resu
 
 
 def inspect_location(loc: Location, name: str, step: int) -> CheckpointInfo:
-    """Status of the checkpoint folder at `loc`, from its manifest and file sizes (checksums: read_files)."""
+    """Status of the checkpoint folder at `loc`, from its manifest and file sizes (checksums: read_files).
+
+    Storage errors are retried, the whole inspection again; CheckpointUnreadable if they last.
+    """
+    return read_retrying(loc.uri, "reading its manifest and file sizes", _inspect_once, loc, name, step)
+
+
+def _inspect_once(loc: Location, name: str, step: int) -> CheckpointInfo:
     manifest_loc = loc.join(MANIFEST_NAME)
     if not storage.exists(manifest_loc):
         return _uncommitted(loc, name, step)
     try:
-        manifest = Manifest.from_json(storage.read_bytes(manifest_loc), source=loc.uri)
+        raw = storage.read_bytes(manifest_loc)
+    except MISSING_ERRORS:  # renamed aside or deleted since it was seen: look again
+        return _uncommitted(loc, name, step)
+    try:
+        manifest = Manifest.from_json(raw, source=loc.uri)
     except NewerFormat:
         raise
-    except Exception as exc:  # noqa: BLE001 - any unreadable manifest makes the checkpoint corrupt
+    except Exception as exc:  # noqa: BLE001 - a manifest that does not decode makes the checkpoint corrupt
         return CheckpointInfo(name, loc, step, "corrupt", problem=f"unreadable manifest ({exc})")
     info = CheckpointInfo(name, loc, step, "committed", manifest)
     for fname, entry in manifest.files.items():
@@ -549,11 +591,19 @@ def _uncommitted(loc: Location, name: str, step: int) -> CheckpointInfo:
     aside = loc.join(SUPERSEDED_NAME)
     if storage.exists(aside):
         try:
-            manifest = Manifest.from_json(storage.read_bytes(aside), source=loc.uri)
+            raw = storage.read_bytes(aside)
+        except MISSING_ERRORS:
+            raw = b""
+        try:
+            manifest = Manifest.from_json(raw, source=loc.uri)
         except Exception:  # noqa: BLE001 - still set aside; only its details are unknown
             manifest = None
         return CheckpointInfo(name, loc, step, "superseded", manifest, problem=_SUPERSEDED)
     return CheckpointInfo(name, loc, step, "partial", problem="no manifest: the write never committed")
+
+
+def _file_type(loc: Location) -> pafs.FileType:
+    return loc.fs.get_file_info(loc.path).type
 
 
 def _tmp_step(name: str) -> int:

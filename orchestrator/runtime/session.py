@@ -23,8 +23,8 @@ import ray.train
 import torch
 
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease
-from orchestrator.checkpoint.files import Payload
-from orchestrator.errors import UserError
+from orchestrator.checkpoint.files import CheckpointUnreadable, Payload
+from orchestrator.errors import CheckpointError, UserError
 from orchestrator.failures import TransientStartError
 from orchestrator.observe.metrics import WorkerMetrics
 from orchestrator.run_dir import RunDir, storage_marker_problem
@@ -55,6 +55,62 @@ class Restored:
     def manifest(self) -> Manifest:
         assert self.info.manifest is not None
         return self.info.manifest
+
+
+@dataclass
+class ResumePoint:
+    """Rank 0's decision for the group: the checkpoint it resumes from, or why its start fails."""
+
+    uri: str | None
+    restored: Restored | None = None
+    # Why the group cannot start (every rank raises it): nothing was set aside for it.
+    error: str | None = None
+    # Why the checkpoint wanted was passed over (a verified corruption); `uri` is the older one taken.
+    fallback_cause: str | None = None
+
+
+def choose_resume_point(store: CheckpointStore, wanted: str | None,
+                        keep: Callable[[str], bool] | None = None) -> ResumePoint:
+    """The checkpoint a group resumes from: `wanted`, every hash checked, its kept files held.
+
+    Only a verified fault of `wanted` (a checksum, a missing file, a manifest that does not
+    decode, no committed checkpoint there: a CheckpointError) falls back to the newest checkpoint
+    that verifies, and sets aside every later one (store.py, "Branches"). A storage error
+    (CheckpointUnreadable once its retries are spent, or any other) fails the start and sets
+    nothing aside: as far as anyone knows the checkpoint is whole, and the next start, a restart
+    or a resubmission resumes from it.
+    """
+    if wanted is None:
+        return ResumePoint(None)
+    try:
+        info, files = store.open_uri(wanted, keep)
+        return ResumePoint(wanted, Restored(info, files))
+    except CheckpointError as exc:  # verified: partial, corrupt, or not there
+        cause = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - storage failed: one announced decision for the whole group
+        return ResumePoint(wanted, error=f"rank 0 could not read it: {_unverified(exc)}")
+    try:
+        selection = store.latest_loadable(keep)
+    except Exception as exc:  # noqa: BLE001 - the storage itself fails: retry the start, set nothing aside
+        return ResumePoint(wanted, error=f"rank 0 could not read it ({cause}), and looking for an older "
+                                         f"checkpoint failed: {_unverified(exc)}")
+    if selection.info is None:
+        return ResumePoint(wanted, error=f"rank 0 could not read it ({cause}) nor any other committed checkpoint")
+    # The group trains again from an older step: every checkpoint after it failed to load,
+    # and the replayed saves must replace them, not keep them (store.py, "Branches").
+    try:
+        store.supersede_after(selection.info.step)
+    except Exception as exc:  # noqa: BLE001 - one announced decision for the whole group
+        return ResumePoint(wanted, error=f"rank 0 could not set aside the unreadable checkpoints after it: {exc}")
+    return ResumePoint(selection.info.uri, Restored(selection.info, selection.files), fallback_cause=cause)
+
+
+def _unverified(exc: Exception) -> str:
+    """An error that says nothing about the checkpoint, and that nothing was set aside for it."""
+    if isinstance(exc, CheckpointUnreadable):
+        return str(exc)  # says so itself
+    return (f"{type(exc).__name__}: {exc}. This is not a verified fault of the checkpoint, so nothing was "
+            "skipped or set aside")
 
 
 class StorageNotShared(UserError):
@@ -174,37 +230,14 @@ class WorkerSession:
         """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
         begun = ray.get(self.monitor.begin_group.remote(self.world_size), timeout=60)
         candidate = begun["latest_uri"] or self.resume_uri
-        decision: dict[str, Any] = {"group": begun["group"], "uri": candidate, "error": None}
-        self._rank0_restored = None
-        if candidate is None:
-            return decision
-        try:
-            info, files = self.store.open_uri(candidate, keep)
-            self._rank0_restored = Restored(info, files)
-            return decision
-        except Exception as exc:  # noqa: BLE001 - one announced decision for the whole group
-            cause = f"{type(exc).__name__}: {exc}"
-        try:
-            selection = self.store.latest_loadable(keep)
-        except Exception as exc:  # noqa: BLE001 - the storage itself fails: retry the start
-            selection = None
-            cause += f"; listing the run's checkpoints failed too: {exc}"
-        if selection is None or selection.info is None:
-            decision["error"] = f"rank 0 could not read it ({cause}) nor any other committed checkpoint"
-            return decision
-        self._rank0_restored = Restored(selection.info, selection.files)
-        decision["uri"] = selection.info.uri
-        # The group trains again from an older step: every checkpoint after it failed to load,
-        # and the replayed saves must replace them, not keep them (store.py, "Branches").
-        try:
-            self.store.supersede_after(selection.info.step)
-        except Exception as exc:  # noqa: BLE001 - one announced decision for the whole group
-            decision["error"] = f"rank 0 could not set aside the unreadable checkpoints after it: {exc}"
-            return decision
-        log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
-                    candidate, cause, selection.info.uri)
-        self.monitor.push.remote("resume_fallback", wanted=candidate, cause=cause, uri=selection.info.uri)
-        return decision
+        point = choose_resume_point(self.store, candidate, keep)
+        self._rank0_restored = point.restored
+        if point.fallback_cause is not None:
+            log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
+                        candidate, point.fallback_cause, point.uri)
+            self.monitor.push.remote("resume_fallback", wanted=candidate, cause=point.fallback_cause, uri=point.uri)
+        # A failed decision keeps the checkpoint wanted: the start's error names it.
+        return {"group": begun["group"], "uri": point.uri, "error": point.error}
 
     def announce(self, restored: Restored | None) -> None:
         self.monitor.push.remote(
