@@ -11,14 +11,22 @@ again `max_failures` times before anyone saw it. Here each failure is classified
   Retried like an infrastructure failure.
 - taken_over: another driver took the run over (`LeaseLost`): this one stops, nothing is retried.
 
-Two refinements need more than one exception:
-- A GPU hardware fault (an uncorrectable ECC error, a lost GPU) is infrastructure, and the failure
-  names the node so that it can be drained.
-- An error that may or may not pass (an OSError without errno: a corrupt Parquet page, S3's
-  AccessDenied, an unreadable image; or a GPU fault) carries the global step it was raised at and
-  a signature. The first one is retried. The same signature at the same step after a restart is
-  no hiccup: exact resume replayed the same batch into the same error, so the controller calls it
-  the user's (their data) and stops. A GPU fault counts so only when it came back on another node.
+Two faults of a node are infrastructure, and the failure names the node and what to do:
+- A GPU hardware fault (an uncorrectable ECC error, a lost GPU): the node is to be drained.
+- A DataLoader worker killed by SIGKILL: most likely the kernel's OOM killer, the node out of
+  memory (torch's two texts for it: see _KILLED_WORKER). Memory use differs from attempt to attempt
+  (the page cache, the node's other processes, where the restarted group lands), so it is retried
+  every time, until `failure.max_failures`, never judged by its step. A DataLoader worker killed by
+  any other signal, or that exited with a status, stays the user's: a segmentation fault, an abort
+  or a floating-point exception comes from native code the worker ran on the user's data, a bus
+  error from /dev/shm too small for the batches (torch's text says so): each comes back every time.
+
+One refinement needs more than one exception: an error that may or may not pass (an OSError
+without errno: a corrupt Parquet page, S3's AccessDenied, an unreadable image; or a GPU fault)
+carries the global step it was raised at and a signature. The first one is retried. The same
+signature at the same step after a restart is no hiccup: exact resume replayed the same batch into
+the same error, so the controller calls it the user's (their data) and stops. A GPU fault counts so
+only when it came back on another node.
 
 A worker's exception is classified where it was raised (the worker still has its traceback);
 errors of workers that died are classified on Ray Train's controller (driver/classifier.py).
@@ -31,6 +39,8 @@ import errno
 import hashlib
 import logging
 import os
+import re
+import signal
 import sys
 import sysconfig
 import traceback
@@ -43,6 +53,7 @@ log = logging.getLogger(__name__)
 
 USER, INFRASTRUCTURE, HANG, STOPPED, TAKEN_OVER = "user", "infrastructure", "hang", "stopped", "taken_over"
 GPU = "gpu"  # FailureRecord.fault of a GPU hardware fault
+MEMORY = "memory"  # FailureRecord.fault of a DataLoader worker SIGKILLed (the node out of memory)
 
 # Text of the errors torch.distributed raises when a peer or the network fails (gloo and NCCL).
 _COMMUNICATION_MARKERS = (
@@ -67,6 +78,14 @@ _GPU_FAULT_MARKERS = ("uncorrectable ecc error", "uncorrectable nvlink error", "
                       "cuda error: unknown error", "cuda error: system not yet initialized")
 # The same faults by cudaError_t, which torch.AcceleratorError carries as `error_code`.
 _GPU_FAULT_CODES = {214, 220, 719, 46, 999, 802}
+# torch's errors for a DataLoader worker that died. The first is torch/csrc/DataLoader.cpp's, from
+# the SIGCHLD handler torch installs only in the main thread; it names the signal by strsignal(3).
+# The second is dataloader.py's `_try_get_data`, which finds the dead worker itself in any thread
+# (in a Ray Train worker, the training runs in a thread): its text has no signal, but its frame
+# holds the dead workers' processes in `failed_workers`, each with its exitcode (-signal).
+_KILLED_WORKER = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
+_EXITED_WORKER = re.compile(r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unexpectedly")
+_SIGNALS_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
 
 
 def classify(exc: BaseException) -> str:
@@ -102,6 +121,37 @@ def is_gpu_fault(exc: BaseException) -> bool:
     return any(marker in text for marker in _GPU_FAULT_MARKERS)
 
 
+def dataloader_worker_signal(exc: BaseException) -> signal.Signals | None:
+    """The signal that killed a DataLoader worker, where `exc` is torch's error for it; else None."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc)
+    killed = _KILLED_WORKER.search(text)
+    if killed:
+        return _SIGNALS_BY_TEXT.get(killed.group(1).strip())
+    if not _EXITED_WORKER.search(text):
+        return None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_try_get_data":
+            codes = [getattr(w, "exitcode", None) for w in tb.tb_frame.f_locals.get("failed_workers", ())]
+            signals = [signal.Signals(-code) for code in codes if isinstance(code, int) and code < 0]
+            # Several workers may have died at once: one SIGKILLed says enough about the node.
+            return signal.SIGKILL if signal.SIGKILL in signals else next(iter(signals), None)
+        tb = tb.tb_next
+    return None
+
+
+def is_memory_kill(exc: BaseException) -> bool:
+    """Whether an exception is torch's for a DataLoader worker killed by SIGKILL (the OOM killer)."""
+    return dataloader_worker_signal(exc) == signal.SIGKILL
+
+
+def _fault(exc: BaseException) -> str:
+    """FailureRecord.fault of an infrastructure error: GPU, MEMORY or none."""
+    return GPU if is_gpu_fault(exc) else MEMORY if is_memory_kill(exc) else ""
+
+
 def _is_infrastructure(exc: BaseException) -> bool:
     if isinstance(exc, WorkerFailure):
         return exc.kind != USER
@@ -124,7 +174,7 @@ def _is_infrastructure(exc: BaseException) -> bool:
         return exc.errno in _TRANSIENT_ERRNOS or exc.errno is None
     if isinstance(exc, RuntimeError):
         text = str(exc).lower()
-        return any(marker in text for marker in _COMMUNICATION_MARKERS) or is_gpu_fault(exc)
+        return any(marker in text for marker in _COMMUNICATION_MARKERS) or is_gpu_fault(exc) or is_memory_kill(exc)
     return False
 
 
@@ -207,9 +257,10 @@ class WorkerFailure(OrchestratorError):
         # A lost lease arrives wrapped (a background write's error): its own text names the new holder.
         error, where = error_line(link if kind == TAKEN_OVER else exc), raised_at(exc)
         record = FailureRecord(rank=rank, kind=kind, error=error, where=where, step=step)
-        if kind == INFRASTRUCTURE and (_unexplained(link) or is_gpu_fault(link)):
-            record.signature = _signature(link, where)
-            record.fault = GPU if is_gpu_fault(link) else ""
+        if kind == INFRASTRUCTURE:
+            record.fault = _fault(link)
+            if _unexplained(link) or record.fault == GPU:
+                record.signature = _signature(link, where)
         return cls(f"rank {rank}: {error} (raised at {where})", record)
 
     @property
@@ -223,12 +274,15 @@ class WorkerFailure(OrchestratorError):
 def error_line(exc: BaseException) -> str:
     """`Type: text` of an exception, its text cut to the line that says what went wrong: CUDA's
     "CUDA error: ..." line (the lines after it are debugging advice), else the last line (a
-    traceback carried in the text, as from a DataLoader worker, ends with the error)."""
+    traceback carried in the text, as from a DataLoader worker, ends with the error). torch's "DataLoader
+    worker ... exited unexpectedly" gets the signal that killed the worker, where it is known."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
     cuda = [line for line in lines if line.startswith("CUDA error:")]
-    return f"{type(exc).__name__}: {(cuda or lines)[0 if cuda else -1]}"
+    line = f"{type(exc).__name__}: {(cuda or lines)[0 if cuda else -1]}"
+    killed = dataloader_worker_signal(exc) if _EXITED_WORKER.search(line) else None
+    return f"{line} (killed by {killed.name}: {signal.strsignal(killed)})" if killed else line
 
 
 def _unexplained(exc: BaseException) -> bool:
@@ -293,8 +347,8 @@ def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> 
         if isinstance(cause, ray.exceptions.RayActorError):
             what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
         return FailureRecord(rank, INFRASTRUCTURE, what)
-    kind = classify(exc)
-    return FailureRecord(rank, kind, error_line(exc), fault=GPU if kind == INFRASTRUCTURE and is_gpu_fault(exc) else "")
+    kind, link = _verdict(exc)
+    return FailureRecord(rank, kind, error_line(exc), fault=_fault(link) if kind == INFRASTRUCTURE else "")
 
 
 def mark_repeats(records: list[FailureRecord], earlier: list[dict[str, Any]]) -> None:
@@ -332,6 +386,20 @@ def drain_advice(record: FailureRecord) -> str:
             "and Ray may place it on that node again. Drain the node so that it takes no new work: `ray drain-node "
             f"--node-id {record.node_id} --reason DRAIN_NODE_REASON_PREEMPTION --reason-message 'GPU fault'` "
             "(from any node of the cluster), then have its GPU checked (nvidia-smi -q -d ECC; Xid lines in dmesg)")
+
+
+def memory_advice(record: FailureRecord) -> str:
+    """For a DataLoader worker killed by SIGKILL: that the node ran out of memory, which node, and
+    how to need less memory."""
+    host = f" (host {record.hostname})" if record.hostname else ""
+    node = f"node {record.node_id}{host}" if record.node_id else "its node (unknown here: see the rank's log)"
+    return (f"a DataLoader worker of rank {record.rank} was killed by SIGKILL, most likely by the kernel's OOM killer: "
+            f"{node} ran out of memory (`dmesg` or `journalctl -k` there names the killed process). It is retried "
+            "from the newest checkpoint; if it comes back, need less memory per node: fewer DataLoader workers "
+            "(num_workers of the rank's DataLoader: ctx.data_loader(), ctx.data() or the LightningDataModule's), a "
+            "smaller prefetch_factor, a smaller batch (data.<source>.batch_size) or data.<source>.window (row groups "
+            "each loader worker keeps decoded), fewer workers per node (scaling.resources_per_worker with a "
+            "`memory` amount in bytes makes Ray place fewer on each node), or nodes with more memory")
 
 
 def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping: bool) -> str:

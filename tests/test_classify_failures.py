@@ -1,14 +1,21 @@
 """Classification a GPU cluster needs (no Ray cluster): an error that comes back at the same step
 after a restart is the user's data; a damaged Parquet row group is named; GPU hardware faults are
-retried and name the node to drain; a run taken over by a newer driver is taken over, not a bug.
+retried and name the node to drain; a run taken over by a newer driver is taken over, not a bug; a
+DataLoader worker killed by SIGKILL (the OOM killer) is retried, naming the rank, the node and the fix.
 
 The exceptions are real: pyarrow's error reading a damaged file, torch.AcceleratorError with
-CUDA's own text, LeaseLost from a real takeover of a run directory."""
+CUDA's own text, LeaseLost from a real takeover of a run directory, torch's own error for a
+DataLoader worker the test kills. Failures go through Ray Train's controller callback's decision
+(driver/classifier.py), with the run monitor's view of where each rank ran."""
 
 from __future__ import annotations
 
 import errno
+import os
 import pickle
+import signal
+import threading
+import time
 from dataclasses import asdict
 
 import pytest
@@ -21,7 +28,9 @@ from orchestrator import storage
 from orchestrator.checkpoint.lease import RunLease
 from orchestrator.data import parquet
 from orchestrator.data.parquet import Column, ParquetDataset, ParquetSource
+from orchestrator.driver.classifier import classify_failure
 from orchestrator.driver.console import RunWatcher, describe_failure
+from orchestrator.driver.monitor import RunMonitor
 from orchestrator.driver.resume import ResumeChoice
 from orchestrator.failures import (
     INFRASTRUCTURE,
@@ -59,6 +68,16 @@ def _cuda_error(text: str, code: int) -> torch.AcceleratorError:
     exc = torch.AcceleratorError(f"CUDA error: {text}{CUDA_SUFFIX}")
     exc.error_code = code
     return exc
+
+
+def _view(places: dict[int, tuple[str, str, int]]) -> dict:
+    """What the run monitor tells Ray Train's controller of a group whose ranks started at
+    `places` (rank -> node id, host, pid): from a real RunMonitor (the object inside the actor)."""
+    monitor = RunMonitor.__ray_actor_class__(30.0)
+    group = monitor.begin_group(len(places))["group"]
+    for rank, (node_id, hostname, pid) in places.items():
+        monitor.push("worker_started", rank=rank, group=group, node_id=node_id, hostname=hostname, pid=pid)
+    return monitor.failure_context()
 
 
 @pytest.fixture
@@ -168,16 +187,17 @@ def test_out_of_memory_and_a_lost_gpu_as_the_driver_says_it():
 
 
 def test_a_gpu_fault_names_the_node_and_how_to_drain_it(tmp_path):
-    record = WorkerFailure.from_exception(_cuda_error("uncorrectable ECC error encountered", 214), rank=1,
-                                          step=40).record
+    failure = WorkerFailure.from_exception(_cuda_error("uncorrectable ECC error encountered", 214), rank=1, step=40)
     node = "5f3a9c0e7d21" + "0" * 44
-    record.node_id, record.hostname, record.pid = node, "gpu-node-7", 4242
-    record.note = faults.drain_advice(record)
+    # Ray Train's controller classifies it, knowing where rank 1 ran (driver/classifier.py).
+    decision = classify_failure({1: failure}, _view({1: (node, "gpu-node-7", 4242)}), hang_timeout_s=30)
+    assert decision.kind == INFRASTRUCTURE and decision.end is None
+    record = decision.records[0]
     assert f"on node {node} (host gpu-node-7)" in record.note
     assert f"ray drain-node --node-id {node} --reason DRAIN_NODE_REASON_PREEMPTION" in record.note
     job = validate({"name": "ecc", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1},
                     "failure": {"max_failures": 1}})
-    event = {"kind": "failure", "classification": INFRASTRUCTURE, "ranks": [asdict(record)], "time": 0.0}
+    event = {"kind": "failure", **decision.payload(), "time": 0.0}
     line = RunWatcher(None, job, print)._format(event)
     assert "host gpu-node-7" in line and f"--node-id {node}" in line and "restarting" in line
     # After the last retry, the run's message still names the node to drain.
@@ -248,3 +268,111 @@ def test_a_run_taken_over_by_another_driver_is_taken_over_not_a_bug_in_the_train
     write_summary(run_dir.location, result)
     assert not storage.exists(run_dir.summary)
     newer.release()
+
+
+# --- 4. a DataLoader worker killed by the kernel's OOM killer ---------------------------------------
+
+# torch's texts (torch/csrc/DataLoader.cpp: "is killed by signal: " and strsignal(3); a bus error adds advice).
+LOADER_KILLED = "DataLoader worker (pid 1234) is killed by signal: Killed. "
+LOADER_SEGFAULT = "DataLoader worker (pid 1234) is killed by signal: Segmentation fault. "
+LOADER_BUS_ERROR = ("DataLoader worker (pid 1234) is killed by signal: Bus error. It is possible that dataloader's "
+                    "workers are out of shared memory. Please try to raise your shared memory limit.")
+CPU_NODE = ("7c1e9a" * 9 + "00", "cpu-node-3", 5151)
+MEMORY_FIXES = ("num_workers", "prefetch_factor", "data.<source>.batch_size", "data.<source>.window",
+                "scaling.resources_per_worker", "nodes with more memory")
+
+
+class _Stalls(torch.utils.data.Dataset):
+    """Sample 0 is the loader worker's own pid; every later one takes a minute (it is killed meanwhile)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index:
+            time.sleep(60)
+        return os.getpid()
+
+
+def _kill_a_loader_worker(sig: signal.Signals, timeout: float = 0) -> RuntimeError:
+    """torch's own error for a DataLoader worker killed by `sig` while the loop waits for its batch."""
+    batches = iter(torch.utils.data.DataLoader(_Stalls(), batch_size=1, num_workers=1, timeout=timeout))
+    try:
+        os.kill(int(next(batches)[0]), sig)
+        next(batches)
+    except RuntimeError as exc:  # torch's SIGCHLD handler may raise it at any line after the kill
+        return exc
+    raise AssertionError("the loader did not notice its worker's death")
+
+
+def _in_a_training_thread(function):
+    """Call `function` as a Ray Train worker runs the training loop: in a thread other than the main
+    one, where torch's SIGCHLD handler never acts (torch installs it only from the main thread; one
+    an earlier loader of this process installed is set aside meanwhile)."""
+    done = []
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        thread = threading.Thread(target=lambda: done.append(function()))
+        thread.start()
+        thread.join()
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    return done[0]
+
+
+def _memory_job():
+    return validate({"name": "oom", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1}})
+
+
+def test_a_dataloader_worker_killed_by_sigkill_is_the_nodes_memory_retried_naming_the_rank_node_and_fix():
+    exc = _raised(lambda: _throw(RuntimeError(LOADER_KILLED)))
+    failure = WorkerFailure.from_exception(exc, rank=2, step=40)
+    # Retried every time (until failure.max_failures): memory use differs from attempt to attempt.
+    assert failure.kind == INFRASTRUCTURE and failure.record.fault == faults.MEMORY and not failure.record.signature
+    assert failure.record.error == f"RuntimeError: {LOADER_KILLED.strip()}"
+
+    decision = classify_failure({2: failure}, _view({2: CPU_NODE}), hang_timeout_s=30)
+    assert decision.kind == INFRASTRUCTURE and decision.end is None
+    note = decision.records[0].note
+    assert note.startswith("a DataLoader worker of rank 2 was killed by SIGKILL, most likely by the kernel's OOM "
+                           f"killer: node {CPU_NODE[0]} (host cpu-node-3) ran out of memory")
+    assert all(fix in note for fix in MEMORY_FIXES), note
+    line = RunWatcher(None, _memory_job(), print)._format({"kind": "failure", **decision.payload(), "time": 0.0})
+    assert line.startswith(f"failure (infrastructure): rank 2 (node {CPU_NODE[0][:12]}, host cpu-node-3, pid 5151)")
+    assert "OOM killer" in line and line.endswith("restarting from the newest committed checkpoint")
+
+    # Where the controller does not know the rank's node, the note says where to look.
+    unplaced = classify_failure({2: failure}, _view({}), hang_timeout_s=30).records[0].note
+    assert "rank 2 was killed by SIGKILL" in unplaced and "its node (unknown here" in unplaced
+    # The same error reaching the controller unwrapped (pickled, without its traceback) is classified alike.
+    unwrapped = describe_ray_error(2, pickle.loads(pickle.dumps(RuntimeError(LOADER_KILLED))), hang_timeout_s=30)
+    assert unwrapped.kind == INFRASTRUCTURE and unwrapped.fault == faults.MEMORY
+
+
+@pytest.mark.parametrize("text", [LOADER_SEGFAULT, LOADER_BUS_ERROR])
+def test_a_dataloader_worker_killed_by_another_signal_is_the_users_and_not_retried(text):
+    failure = WorkerFailure.from_exception(_raised(lambda: _throw(RuntimeError(text))), rank=2, step=40)
+    assert failure.kind == USER and not failure.record.fault
+    decision = classify_failure({2: failure}, _view({2: CPU_NODE}), hang_timeout_s=30)
+    assert decision.kind == USER and isinstance(decision.end, UserCodeFailed) and not decision.records[0].note
+    assert decision.end.message.startswith(f"rank 2: RuntimeError: {text.strip()}")
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main thread", "training thread"])
+def test_a_real_dataloader_worker_sigkilled_is_classified_as_memory_and_one_segfaulted_as_the_users(in_thread):
+    # In the main thread torch's SIGCHLD handler names the signal; in a training thread (as in a Ray
+    # Train worker) torch says only "exited unexpectedly", after the loader's timeout (else 5 s).
+    kill = (lambda sig: _in_a_training_thread(lambda: _kill_a_loader_worker(sig, timeout=1))) if in_thread \
+        else _kill_a_loader_worker
+    killed = kill(signal.SIGKILL)
+    assert faults.dataloader_worker_signal(killed) == signal.SIGKILL
+    failure = WorkerFailure.from_exception(killed, rank=1, step=3)
+    assert failure.kind == INFRASTRUCTURE and failure.record.fault == faults.MEMORY
+    assert failure.record.error.startswith("RuntimeError: DataLoader worker (pid")
+    assert "Killed" in failure.record.error  # torch's "killed by signal: Killed." or our "(killed by SIGKILL: Killed)"
+    note = classify_failure({1: failure}, _view({1: CPU_NODE}), hang_timeout_s=30).records[0].note
+    assert "rank 1 was killed by SIGKILL" in note and "cpu-node-3" in note
+
+    segfault = WorkerFailure.from_exception(kill(signal.SIGSEGV), rank=1, step=3)
+    assert segfault.kind == USER and not segfault.record.fault
+    assert "Segmentation fault" in segfault.record.error

@@ -1,22 +1,29 @@
 """Ray Train's controller callback that classifies each failure of a worker group (failures.py has
-the rules) and ends the run at once where a retry cannot help."""
+the rules) and ends the run at once where a retry cannot help.
+
+`classify_failure` decides from the workers' exceptions and the run monitor's view of the run;
+`FailureClassifier` fetches that view, records the decision with the monitor and carries it out."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import ray
 import ray.train
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.failures import (
     DIED,
     GPU,
     HANG,
     INFRASTRUCTURE,
+    MEMORY,
     STOPPED,
     TAKEN_OVER,
     USER,
+    FailureRecord,
     RestartsExhausted,
     RunStoppedOnController,
     RunTakenOver,
@@ -24,10 +31,74 @@ from orchestrator.failures import (
     describe_ray_error,
     drain_advice,
     mark_repeats,
+    memory_advice,
     overall,
 )
 
 log = logging.getLogger(__name__)
+
+# The monitor's view when it cannot be asked: the classification still stands without it.
+NO_VIEW: dict[str, Any] = {"hang": None, "stopping": False, "places": {}}
+# What to do about a fault of a node (FailureRecord.fault), said in the record's note.
+ADVICE = {GPU: drain_advice, MEMORY: memory_advice}
+
+
+@dataclass
+class Classified:
+    """The decision on one failure of a worker group: what the monitor records, and the error that
+    ends the run on the controller (None: Ray Train retries it against failure.max_failures)."""
+
+    kind: str
+    records: list[FailureRecord]
+    hang: dict[str, Any] | None
+    exhausted: bool
+    end: OrchestratorError | None
+
+    def payload(self) -> dict[str, Any]:
+        """The monitor's `failure` event."""
+        return {"classification": self.kind, "ranks": [asdict(r) for r in self.records], "hang": self.hang,
+                "exhausted": self.exhausted}
+
+
+def classify_failure(worker_exceptions: dict[int, BaseException], view: dict[str, Any],
+                     hang_timeout_s: float) -> Classified:
+    """Classify a failure of the group from each failed rank's exception and the monitor's view
+    (RunMonitor.failure_context: the hang verdict, whether the run is stopping or taken over,
+    where each rank ran, the earlier failures' signatures, whether restarts are used up)."""
+    records = [describe_ray_error(rank, exc, hang_timeout_s) for rank, exc in sorted(worker_exceptions.items())]
+    verdict, stopping = view["hang"], view["stopping"]
+    for record in records:
+        place = view["places"].get(record.rank) or {}
+        record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
+        record.hostname = place.get("hostname", "")
+        if verdict and record.error.startswith(DIED):
+            # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
+            record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
+    mark_repeats(records, view.get("earlier", []))
+    for record in records:
+        if record.kind == INFRASTRUCTURE and record.fault in ADVICE:
+            record.note = ADVICE[record.fault](record)
+    kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
+    exhausted = view.get("restarts_exhausted") if kind not in (STOPPED, TAKEN_OVER, USER) else None
+    return Classified(kind, records, verdict, bool(exhausted), _end(kind, records, view, exhausted))
+
+
+def _end(kind: str, records: list[FailureRecord], view: dict[str, Any],
+         exhausted: str | None) -> OrchestratorError | None:
+    """The error that ends the run without a retry, or None. Ray Train treats an exception raised
+    in a callback as a controller error, which it does not retry."""
+    if kind == STOPPED:  # the driver is stopping the run: a failure now is no reason to start again
+        return RunStoppedOnController("the run was asked to stop; the worker group is not restarted")
+    if view.get("taken_over"):  # the driver learnt it first, and ended the workers itself
+        return RunTakenOver(view["taken_over"], [])
+    if kind in (TAKEN_OVER, USER):
+        ended = [r for r in records if r.kind == kind]
+        error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed
+        return error("; ".join(r.describe() for r in ended), [asdict(r) for r in ended])
+    if exhausted:  # a script's in-place restarts count too, which Ray Train does not see
+        return RestartsExhausted(f"{exhausted}; the last failure ({kind}): "
+                                 + "; ".join(r.describe() for r in records), [asdict(r) for r in records])
+    return None
 
 
 class FailureClassifier(ray.train.UserCallback):
@@ -35,8 +106,7 @@ class FailureClassifier(ray.train.UserCallback):
 
     Records the failure (its classification per rank) with the run monitor, and ends the run at
     once when the training code itself raised, when an error came back at the same step after a
-    restart, or when another driver took the run over: Ray Train treats an exception raised here
-    as a controller error it does not retry.
+    restart, or when another driver took the run over.
     """
 
     def __init__(self, monitor, hang_timeout_s: float):
@@ -44,40 +114,14 @@ class FailureClassifier(ray.train.UserCallback):
         self.hang_timeout_s = hang_timeout_s
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
-        records = [describe_ray_error(rank, exc, self.hang_timeout_s)
-                   for rank, exc in sorted(worker_exceptions.items())]
         try:
             view = ray.get(self.monitor.failure_context.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the classification still stands without the monitor's view
-            view = {"hang": None, "stopping": False, "places": {}}
-        verdict, stopping = view["hang"], view["stopping"]
-        for record in records:
-            place = view["places"].get(record.rank) or {}
-            record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
-            record.hostname = place.get("hostname", "")
-            if verdict and record.error.startswith(DIED):
-                # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
-                record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
-        mark_repeats(records, view.get("earlier", []))
-        for record in records:
-            if record.fault == GPU and record.kind == INFRASTRUCTURE:
-                record.note = drain_advice(record)
-        kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
-        exhausted = view.get("restarts_exhausted") if kind not in (STOPPED, TAKEN_OVER, USER) else None
-        payload = {"classification": kind, "ranks": [asdict(r) for r in records], "hang": verdict,
-                   "exhausted": bool(exhausted)}
+            view = NO_VIEW
+        decision = classify_failure(worker_exceptions, view, self.hang_timeout_s)
         try:
-            ray.get(self.monitor.push.remote("failure", **payload), timeout=10)
+            ray.get(self.monitor.push.remote("failure", **decision.payload()), timeout=10)
         except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
             log.warning("could not record the failure with the run monitor: %s", exc)
-        if kind == STOPPED:  # the driver is stopping the run: a failure now is no reason to start again
-            raise RunStoppedOnController("the run was asked to stop; the worker group is not restarted")
-        if view.get("taken_over"):  # the driver learnt it first, and ended the workers itself
-            raise RunTakenOver(view["taken_over"], [])
-        if kind in (TAKEN_OVER, USER):
-            ended = [r for r in records if r.kind == kind]
-            error = RunTakenOver if kind == TAKEN_OVER else UserCodeFailed
-            raise error("; ".join(r.describe() for r in ended), [asdict(r) for r in ended])
-        if exhausted:  # a script's in-place restarts count too, which Ray Train does not see
-            raise RestartsExhausted(f"{exhausted}; the last failure ({kind}): "
-                                    + "; ".join(r.describe() for r in records), [asdict(r) for r in records])
+        if decision.end is not None:
+            raise decision.end

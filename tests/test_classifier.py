@@ -1,0 +1,208 @@
+"""Ray Train's controller callback (driver/classifier.py) decides, for each failure of a worker
+group, how it is classified, what the run monitor records, and whether the run ends without a retry.
+No Ray cluster: the exceptions are real (raised, and wrapped as a worker wraps them), and the
+monitor's view of the run comes from a real RunMonitor object, fed the events its workers push."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import pickle
+import time
+
+import pytest
+import ray
+import torch
+from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+from orchestrator.driver.classifier import FailureClassifier, classify_failure
+from orchestrator.driver.monitor import RunMonitor
+from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.errors import LeaseLost
+from orchestrator.failures import (
+    DIED,
+    GPU,
+    HANG,
+    INFRASTRUCTURE,
+    STOPPED,
+    TAKEN_OVER,
+    USER,
+    RestartsExhausted,
+    RunStoppedOnController,
+    RunTakenOver,
+    UserCodeFailed,
+    WorkerFailure,
+)
+
+HANG_TIMEOUT_S = 30.0
+NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
+
+
+def _monitor(max_restarts: int | None = None):
+    """The run monitor (the plain object inside the actor) after a group of two ranks started on
+    two nodes, as their worker_started events tell it."""
+    monitor = RunMonitor.__ray_actor_class__(HANG_TIMEOUT_S, None, max_restarts)
+    _start_group(monitor)
+    return monitor
+
+
+def _start_group(monitor) -> None:
+    group = monitor.begin_group(len(NODES), workers=len(NODES))["group"]
+    for rank, (node_id, hostname, pid) in NODES.items():
+        monitor.push("worker_started", rank=rank, group=group, node_id=node_id, hostname=hostname, pid=pid,
+                     world_size=len(NODES), restored_from=None, restored_step=None)
+
+
+def _raised(function) -> BaseException:
+    try:
+        function()
+    except BaseException as exc:  # noqa: BLE001 - the test wants the exception with its traceback
+        return exc
+    raise AssertionError("did not raise")
+
+
+def _worker(function, rank: int, step: int | None = 7) -> WorkerFailure:
+    """What a worker raises when its training code raises (runtime/worker.py)."""
+    return WorkerFailure.from_exception(_raised(function), rank, step=step)
+
+
+def _bug():
+    return int("seven")
+
+
+def _peer_gone():
+    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4242")
+
+
+def _damaged_page():
+    raise OSError("Couldn't deserialize thrift: TProtocolException: Invalid data")  # pyarrow's, without errno
+
+
+def test_each_failed_rank_is_recorded_with_the_node_host_and_process_it_ran_on_and_retried():
+    decision = classify_failure({1: _worker(_peer_gone, 1), 0: _worker(_peer_gone, 0)},
+                                _monitor().failure_context(), HANG_TIMEOUT_S)
+    assert decision.kind == INFRASTRUCTURE and decision.end is None  # Ray Train retries it
+    assert [(r.rank, r.node_id, r.hostname, r.pid) for r in decision.records] == [
+        (rank, *NODES[rank]) for rank in (0, 1)]
+    payload = decision.payload()
+    assert payload["classification"] == INFRASTRUCTURE and not payload["exhausted"] and payload["hang"] is None
+    assert [r["hostname"] for r in payload["ranks"]] == ["node-a", "node-b"]
+    # A rank the monitor never saw start is recorded without a place.
+    unknown = classify_failure({5: _worker(_peer_gone, 5)}, _monitor().failure_context(), HANG_TIMEOUT_S)
+    assert (unknown.records[0].node_id, unknown.records[0].hostname, unknown.records[0].pid) == ("", "", 0)
+
+
+def test_a_worker_the_hang_watchdog_ended_is_recorded_as_the_hang_and_not_as_a_lost_worker():
+    watchdog = HangWatchdog(HANG_TIMEOUT_S)
+    watchdog.new_group(1, 2, now=0.0)
+    watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=1.0)
+    watchdog.observe(1, Beat(rank=1, step=12, phase="training", idle_s=0.0), now=1.0)
+    verdict = watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=HANG_TIMEOUT_S + 2)
+    assert verdict is not None and verdict["ranks"] == [1]  # rank 1 stopped answering
+    # The worker that the verdict made end itself, as Ray Train's health check reports it.
+    died = WorkerHealthCheckFailedError("Worker health check failed.", ray.exceptions.RayActorError())
+
+    without = classify_failure({1: died}, _monitor().failure_context(), HANG_TIMEOUT_S)
+    assert without.kind == INFRASTRUCTURE and without.records[0].error.startswith(DIED)
+
+    view = {**_monitor().failure_context(), "hang": verdict}
+    decision = classify_failure({1: died}, view, HANG_TIMEOUT_S)
+    record = decision.records[0]
+    assert decision.kind == HANG and record.kind == HANG and decision.end is None
+    assert record.error == "ended by the hang watchdog: " + verdict["message"]
+    assert decision.payload()["hang"] == verdict
+    # A rank's own error is not the watchdog's doing, even while a verdict stands.
+    bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
+    assert bug.records[0].kind == USER and isinstance(bug.end, UserCodeFailed)
+
+
+def test_an_error_back_at_the_same_step_after_a_restart_ends_the_run_as_the_users_data():
+    monitor = _monitor()
+    first = classify_failure({0: _worker(_damaged_page, 0, step=31)}, monitor.failure_context(), HANG_TIMEOUT_S)
+    assert first.kind == INFRASTRUCTURE and first.end is None and first.records[0].signature  # maybe a hiccup
+    monitor.push("failure", **first.payload())
+    _start_group(monitor)  # Ray Train restarted the group from the newest checkpoint
+
+    elsewhere = classify_failure({0: _worker(_damaged_page, 0, step=57)}, monitor.failure_context(), HANG_TIMEOUT_S)
+    assert elsewhere.kind == INFRASTRUCTURE and elsewhere.end is None
+
+    again = classify_failure({0: _worker(_damaged_page, 0, step=31)}, monitor.failure_context(), HANG_TIMEOUT_S)
+    record = again.records[0]
+    assert again.kind == USER and record.kind == USER and record.repeated and "same step (31)" in record.note
+    assert isinstance(again.end, UserCodeFailed) and again.end.records[0]["repeated"]
+
+
+def test_a_gpu_hardware_fault_is_retried_with_the_node_to_drain_in_its_note():
+    def ecc():
+        exc = torch.AcceleratorError("CUDA error: uncorrectable ECC error encountered\n")
+        exc.error_code = 214
+        raise exc
+
+    decision = classify_failure({1: _worker(ecc, 1)}, _monitor().failure_context(), HANG_TIMEOUT_S)
+    record = decision.records[0]
+    assert decision.kind == INFRASTRUCTURE and decision.end is None and record.fault == GPU
+    assert f"ray drain-node --node-id {NODES[1][0]}" in record.note and "(host node-b)" in record.note
+    assert decision.payload()["ranks"][0]["note"] == record.note  # what the console and summary.json show
+
+
+def test_a_bug_in_the_training_code_ends_the_run_at_once_as_that_ranks_and_not_as_its_peers():
+    decision = classify_failure({0: _worker(_bug, 0), 1: _worker(_peer_gone, 1)}, _monitor().failure_context(),
+                                HANG_TIMEOUT_S)
+    assert decision.kind == USER and isinstance(decision.end, UserCodeFailed)
+    assert [r["rank"] for r in decision.end.records] == [0]  # the peer's lost connection is the consequence
+    assert decision.end.message.startswith("rank 0: ValueError: invalid literal for int() with base 10: 'seven' at ")
+    assert "test_classifier.py" in decision.end.message and "in _bug" in decision.end.message
+    again = pickle.loads(pickle.dumps(decision.end))  # it crosses from the controller to the driver
+    assert type(again) is UserCodeFailed and again.records == decision.end.records
+
+
+def test_a_run_being_stopped_is_not_restarted_whatever_failed():
+    monitor = _monitor()
+    monitor.request_stop(time.time() + 30)
+    decision = classify_failure({0: _worker(_bug, 0), 1: _worker(_peer_gone, 1)}, monitor.failure_context(),
+                                HANG_TIMEOUT_S)
+    assert decision.kind == STOPPED and isinstance(decision.end, RunStoppedOnController)
+    assert decision.payload()["classification"] == STOPPED
+
+
+def test_a_run_another_driver_took_over_ends_as_taken_over_without_a_retry():
+    monitor = _monitor()
+    monitor.take_over("generation 2 now holds it (host other, pid 77)")
+    decision = classify_failure({1: _worker(_peer_gone, 1)}, monitor.failure_context(), HANG_TIMEOUT_S)
+    assert decision.kind == TAKEN_OVER and isinstance(decision.end, RunTakenOver)
+    assert decision.end.message == "generation 2 now holds it (host other, pid 77)" and decision.end.records == []
+
+
+def test_a_rank_that_lost_the_run_to_another_driver_ends_it_as_taken_over_naming_that_rank():
+    def lost():
+        raise LeaseLost("generation 2 now holds it (host other, pid 77)")
+
+    decision = classify_failure({0: _worker(lost, 0), 1: _worker(_peer_gone, 1)}, _monitor().failure_context(),
+                                HANG_TIMEOUT_S)
+    assert decision.kind == TAKEN_OVER and type(decision.end) is RunTakenOver
+    assert [r["rank"] for r in decision.end.records] == [0] and "generation 2 now holds it" in decision.end.message
+
+
+def test_restarts_used_up_end_the_run_with_the_last_failure_but_a_bug_still_ends_it_as_a_bug():
+    monitor = _monitor(max_restarts=1)  # a torchrun script's run: in-place and group restarts count together
+    _start_group(monitor)  # the one group restart failure.max_failures allows
+    view = monitor.failure_context()
+    assert view["restarts_exhausted"]
+
+    decision = classify_failure({1: _worker(_peer_gone, 1)}, view, HANG_TIMEOUT_S)
+    assert decision.kind == INFRASTRUCTURE and decision.payload()["exhausted"]
+    assert isinstance(decision.end, RestartsExhausted) and decision.end.message.startswith(view["restarts_exhausted"])
+    assert "; the last failure (infrastructure): rank 1: RuntimeError: " in decision.end.message
+
+    bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
+    assert type(bug.end) is UserCodeFailed and not bug.payload()["exhausted"]
+
+
+def test_the_callback_classifies_and_ends_the_run_even_when_the_monitor_cannot_be_reached(caplog):
+    # No monitor to ask or to tell (None: every call to it fails, as to a dead actor's handle).
+    callback = FailureClassifier(None, HANG_TIMEOUT_S)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.driver.classifier"):
+        with pytest.raises(UserCodeFailed, match=r"^rank 0: ValueError: invalid literal"):
+            callback.after_exception(None, {0: _worker(_bug, 0)})
+    assert "could not record the failure with the run monitor" in caplog.text
+    assert callback.after_exception(None, {1: OSError(errno.ECONNRESET, "Connection reset by peer")}) is None
