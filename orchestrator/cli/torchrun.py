@@ -7,10 +7,10 @@ The command writes a spec with a `script:` section and runs it as `orchestrator 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 
 from orchestrator.errors import UserError
+from orchestrator.spec.script import default_run_name
 
 # torchrun's rendezvous flags: Ray does the rendezvous, so their values do not matter here.
 RENDEZVOUS_FLAGS = ("rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
@@ -33,7 +33,9 @@ def add(commands) -> None:
     cmd.add_argument(*_spellings("max_restarts"), dest="max_restarts", type=int, default=None, metavar="R",
                      help="restarts (in place, or of a lost node) before the run fails (default: "
                           "failure.max_failures, 3; -1: unlimited)")
-    cmd.add_argument("--name", help="the run's name: <storage>/<name>/ (default: the script's name)")
+    cmd.add_argument("--name", help="the run's name: <storage>/<name>/ (default: the script's name and 8 hex digits of "
+                                    "a hash of its real path, e.g. train-1a2b3c4d, printed at the start; the same "
+                                    "script resumes the same run)")
     cmd.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
     cmd.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
     cmd.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -67,8 +69,7 @@ def spec_from_args(args: argparse.Namespace) -> dict:
     nproc = _count(args.nproc_per_node, "--nproc_per_node")
     nodes = _nodes(args.nnodes)
     target = {"module": args.script} if args.module else {"path": args.script}
-    stem = args.script.rsplit(".", 1)[-1] if args.module else os.path.splitext(os.path.basename(args.script))[0]
-    name = args.name or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip("._-") or "script")
+    name = args.name or default_run_name(**target).name
     spec: dict = {"name": name, "script": {**target, "args": list(args.script_args), "nproc_per_node": nproc},
                   "scaling": {"num_workers": nodes, "use_gpu": bool(args.gpu)},
                   "env": dict(_pair(item, "--env") for item in args.env)}
@@ -80,7 +81,7 @@ def spec_from_args(args: argparse.Namespace) -> dict:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from orchestrator.cli.run import finish_process
+    from orchestrator.cli.run import finish_process, refuse_a_second_driver
     from orchestrator.driver.signals import job_stop_note
     from orchestrator.errors import RunStopped
     from orchestrator.spec import parse_set_option, resolve_spec
@@ -91,7 +92,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"note: {', '.join(ignored)} ignored: Ray places the ranks and does the rendezvous (each start gets "
               "its own MASTER_ADDR and MASTER_PORT)", flush=True)
     overrides = dict(parse_set_option(option) for option in args.overrides)
+    refuse_a_second_driver(resolve_spec(spec_from_args(args), overrides, read_only=True))
     spec = resolve_spec(spec_from_args(args), overrides)  # a missing script or a bad flag: exit 2 here
+    if args.name is None and "name" not in overrides:
+        print(name_note(args, spec.name), flush=True)
     note = job_stop_note()
     if note:
         print(note, flush=True)
@@ -103,6 +107,15 @@ def handle(args: argparse.Namespace) -> int:
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)
+
+
+def name_note(args: argparse.Namespace, name: str) -> str:
+    """The line that says which run a command without --name trains, so that it can be found and named again."""
+    default = default_run_name(**({"module": args.script} if args.module else {"path": args.script}))
+    shared = ("; any job with the same path in its working_dir gets it too, so give each project its own --name"
+              if default.in_ray_job else "")
+    return (f"run name: {name} (the script's name and a hash of {default.source}: a re-run of the same script "
+            f"resumes it{shared}; --name {name} keeps it if the script moves, --name NAME chooses another)")
 
 
 def _count(value: str, flag: str) -> int:

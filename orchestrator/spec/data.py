@@ -84,8 +84,6 @@ def parse_data(raw: Any) -> DataSpec | None:
 
 
 def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
-    from orchestrator.data.parquet import DTYPES
-
     s.mapping(raw, path)
     s.check_keys(raw, DataSourceSpec, path)
     location = s.require(raw, "path", path, str, example="data/train.parquet")
@@ -103,11 +101,7 @@ def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
         column = column or {}
         s.mapping(column, where)
         s.check_keys(column, ColumnSpec, where)
-        dtype = s.optional(column, "dtype", where, str, None)
-        if dtype is not None and dtype not in DTYPES:
-            hint = nearest(dtype, list(DTYPES))
-            raise s.SpecError(f"field '{where}.dtype': {dtype!r} is not a tensor dtype{hint}. "
-                              f"Valid choices: {', '.join(DTYPES)}.")
+        dtype = s.optional(column, "dtype", where, str, None)  # one of torch's: check_dtypes
         shape = column.get("shape")
         if shape is not None and (not isinstance(shape, list) or not shape or
                                   not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
@@ -120,6 +114,22 @@ def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
                           shuffle=s.boolean(raw, "shuffle", path, training),
                           drop_last=s.boolean(raw, "drop_last", path, False),
                           window=s.integer(raw, "window", path, 4, minimum=1))
+
+
+def check_dtypes(data: DataSpec | None) -> None:
+    """Each column's dtype is a tensor dtype. The names are torch's, and importing torch takes
+    seconds, so this runs after every key and type of the spec was read."""
+    named = [(f"data.{name}.columns.{tensor}", column.dtype) for name in SOURCES
+             for tensor, column in (getattr(data, name).columns.items() if data and getattr(data, name) else ())
+             if column.dtype is not None]
+    if not named:
+        return
+    from orchestrator.data.parquet import DTYPES
+
+    for where, dtype in named:
+        if dtype not in DTYPES:
+            raise s.SpecError(f"field '{where}.dtype': {dtype!r} is not a tensor dtype{nearest(dtype, list(DTYPES))}. "
+                              f"Valid choices: {', '.join(DTYPES)}.")
 
 
 def open_source(source: DataSourceSpec, field_path: str):

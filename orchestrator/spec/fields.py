@@ -102,8 +102,8 @@ def describe(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-def import_object(dotted: str, field_path: str) -> Any:
-    """Import "pkg.mod.Name" or "pkg.mod:Name"; a failure names the module and attribute tried."""
+def check_import_path(dotted: str, field_path: str) -> tuple[str, str]:
+    """"pkg.mod.Name" or "pkg.mod:Name" -> (module, attribute), without importing anything."""
     if ":" in dotted:
         module_name, _, attr = dotted.partition(":")
     else:
@@ -113,6 +113,12 @@ def import_object(dotted: str, field_path: str) -> Any:
             f"field '{field_path}': {dotted!r} is not an import path. Fix: write 'package.module.Name' "
             "or 'package.module:name', e.g. jobs.digits.DigitsClassifier."
         )
+    return module_name, attr
+
+
+def import_object(dotted: str, field_path: str) -> Any:
+    """Import "pkg.mod.Name" or "pkg.mod:Name"; a failure names the module and attribute tried."""
+    module_name, attr = check_import_path(dotted, field_path)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

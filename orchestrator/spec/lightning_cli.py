@@ -41,11 +41,13 @@ GPU_ACCELERATORS = ("gpu", "cuda")
 TOP_LEVEL = ("model", "data", "trainer", "seed_everything", "ckpt_path")
 
 
-def merge_lightning_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """`raw` (a spec mapping) with its `lightning.config` file merged in; unchanged without one."""
+def merge_lightning_config(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`raw` (a spec mapping) with its `lightning.config` file merged in (unchanged without one),
+    and the file's trainer values the spec kept: drop_lightning_defaults takes out those at
+    Lightning's own defaults once every key of the spec was read, since it imports Lightning."""
     lightning = raw.get("lightning")
     if not isinstance(lightning, dict) or lightning.get("config") is None:
-        return raw
+        return raw, {}
     path = lightning["config"]
     if not isinstance(path, (str, os.PathLike)):
         raise SpecError(f"field 'lightning.config': got {path!r}; it must be the path of a LightningCLI config "
@@ -68,10 +70,12 @@ def merge_lightning_config(raw: dict[str, Any]) -> dict[str, Any]:
     _owned_to_scaling(trainer, scaling, where)
     if scaling:
         merged["scaling"] = scaling
-    defaults = _trainer_defaults()
-    trainer = {key: value for key, value in trainer.items()
-               if value is not None and not (key in defaults and defaults[key] == value)}
-    section["trainer"] = {**trainer, **(section.get("trainer") or {})}
+    trainer = {key: value for key, value in trainer.items() if value is not None}
+    own = section.get("trainer") or {}
+    from_file = {}
+    if isinstance(own, dict):  # else refused as it is when the section is read
+        section["trainer"] = {**trainer, **own}
+        from_file = {key: value for key, value in trainer.items() if key not in own}
     merged["lightning"] = section
 
     seed = cli.get("seed_everything")
@@ -79,7 +83,15 @@ def merge_lightning_config(raw: dict[str, Any]) -> dict[str, Any]:
         merged.setdefault("seed", seed)
     if cli.get("ckpt_path") is not None:
         merged.setdefault("resume_from", cli["ckpt_path"])
-    return merged
+    return merged, from_file
+
+
+def drop_lightning_defaults(trainer: dict[str, Any], from_file: dict[str, Any]) -> dict[str, Any]:
+    """`trainer` without the file's values at Lightning's own defaults (what `--print_config`
+    writes out says nothing, and would count as set: accumulate_grad_batches: 1 beside a global batch)."""
+    defaults = _trainer_defaults()
+    return {key: value for key, value in trainer.items()
+            if not (key in from_file and key in defaults and defaults[key] == from_file[key] == value)}
 
 
 def _trainer_defaults() -> dict[str, Any]:

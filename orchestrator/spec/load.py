@@ -68,8 +68,9 @@ def _deep_copy(value: Any) -> Any:
 
 
 def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike,
-                 overrides: Mapping[str, Any] | None = None) -> JobSpec:
-    """Load (if a path), apply dotted overrides, and validate. The one entry the CLI and API share."""
+                 overrides: Mapping[str, Any] | None = None, *, read_only: bool = False) -> JobSpec:
+    """Load (if a path), apply dotted overrides, and validate. The one entry the CLI and API share.
+    `read_only`: every key, type and value, importing nothing (validate's first pass)."""
     # class_paths name modules relative to where the user stands, as `python -m` would find them;
     # the console script's own sys.path starts at its bin directory instead.
     if os.getcwd() not in sys.path:
@@ -90,4 +91,4 @@ def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike,
     raw = load_spec_file(spec) if isinstance(spec, (str, os.PathLike)) else dict(spec)
     if overrides:
         raw = apply_overrides(raw, overrides)
-    return validate(raw)
+    return validate(raw, read_only=read_only)

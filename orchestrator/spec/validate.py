@@ -1,6 +1,7 @@
 """Validation: a raw spec in, a JobSpec out, or one SpecError paragraph naming the field, the
 value and the fix. An unknown key names the nearest valid key. The rules of each section live here;
-the typed readers they use are in fields.py."""
+the typed readers they use are in fields.py; what needs an import to be checked is in imports.py,
+and runs after every key, type and value here was read."""
 
 from __future__ import annotations
 
@@ -11,26 +12,21 @@ from typing import Any
 
 from orchestrator.errors import SpecError, nearest
 from orchestrator.spec.data import parse_data
-from orchestrator.spec.deepspeed import check_deepspeed_scaling, deepspeed_args, is_deepspeed
+from orchestrator.spec.deepspeed import check_deepspeed_scaling, is_deepspeed
 from orchestrator.spec.fields import (
     boolean,
+    check_import_path,
     check_keys,
     choice,
     describe,
-    import_object,
     integer,
     mapping,
     optional,
     require,
     seconds,
 )
-from orchestrator.spec.lightning import (
-    check_lightning_class,
-    check_logger_package,
-    checkpoint_settings,
-    is_model_checkpoint,
-    merge_checkpoint,
-)
+from orchestrator.spec.imports import check_user_code, check_with_libraries
+from orchestrator.spec.lightning import checkpoint_settings, is_model_checkpoint, merge_checkpoint
 from orchestrator.spec.lightning_cli import merge_lightning_config
 from orchestrator.spec.model import (
     DEFAULT_STORAGE,
@@ -51,13 +47,35 @@ from orchestrator.spec.model import (
 from orchestrator.spec.script import parse_script, script_resources
 
 
-def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
-    """Turn a raw mapping into a JobSpec, or raise SpecError naming the first problem found."""
+def validate(raw: Mapping[str, Any], *, check_imports: bool = True, read_only: bool = False) -> JobSpec:
+    """Turn a raw mapping into a JobSpec, or raise SpecError naming the first problem found.
+
+    Imports come last, so that a typo anywhere is refused at once (torch alone takes seconds of
+    CPU to import, and a user's module may do anything when imported): first every section's
+    keys, types and values, importing nothing; then what only Lightning or torch can tell
+    (Trainer and DeepSpeedStrategy arguments, Lightning's defaults, dtypes); then, with
+    check_imports, the user's own code (class paths, the train loop, the script). With
+    `read_only`, the first pass alone: enough to know the run (its name and storage) before
+    anything slow, e.g. to refuse a second driver of a live run at once."""
     if isinstance(raw, JobSpec):
         return raw
     if not isinstance(raw, Mapping):
         raise SpecError(f"a job spec must be a mapping of fields, got {describe(raw)}.")
-    raw = merge_lightning_config(dict(raw))
+    raw, from_file = merge_lightning_config(dict(raw))
+    spec, strategy = _read(raw)
+    if read_only:
+        return spec
+    spec = check_with_libraries(spec, strategy, from_file)
+    if spec.lightning is not None:
+        _check_lightning_scaling(spec.lightning, spec.scaling)
+    if check_imports:
+        check_user_code(spec)
+    return spec
+
+
+def _read(raw: dict[str, Any]) -> tuple[JobSpec, Any]:
+    """Every section's keys, types and values, and the rules between sections, importing nothing;
+    and lightning.trainer.strategy as written when it names DeepSpeed (checked with Lightning)."""
     check_keys(raw, JobSpec, "")
     name = require(raw, "name", "", str, example="digits-ddp")
     if not NAME_PATTERN.match(name):
@@ -84,23 +102,22 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
             "train_loop: 'module:function' for a plain PyTorch loop, or 'script:' with path: train.py for an "
             "unmodified torchrun script."
         )
-    script = parse_script(raw["script"], check_imports) if has_script else None
+    script = parse_script(raw["script"]) if has_script else None
     if script is not None and raw.get("data") is not None:
         raise SpecError("the spec has both 'script:' and 'data:'; a script reads its own data. Fix: remove the "
                         "data: section (or use the torch: or lightning: path, which stream it for you).")
     data = parse_data(raw.get("data"))
-    lightning, model_checkpoint = (_lightning(raw["lightning"], check_imports, data_section=data is not None)
-                                   if has_lightning else (None, {}))
+    lightning, model_checkpoint, strategy = (_lightning(raw["lightning"], data_section=data is not None)
+                                             if has_lightning else (None, {}, None))
     raw_checkpoint = raw.get("checkpoint") or {}
     if model_checkpoint:
         mapping(raw_checkpoint, "checkpoint")
         raw_checkpoint = merge_checkpoint(raw_checkpoint, model_checkpoint, "lightning.callbacks")
-    torch_spec = _torch(raw["torch"], check_imports) if has_torch else None
+    torch_spec = _torch(raw["torch"]) if has_torch else None
     scaling = _scaling(raw.get("scaling") or {})
     if script is not None:
         scaling = _script_scaling(raw.get("scaling") or {}, scaling, script.nproc_per_node)
     if lightning is not None:
-        _check_lightning_scaling(lightning, scaling)
         _check_logger_storage(lightning, storage)
     return JobSpec(
         name=name,
@@ -115,15 +132,16 @@ def validate(raw: Mapping[str, Any], *, check_imports: bool = True) -> JobSpec:
         failure=_failure(raw.get("failure") or {}),
         env=_env(raw.get("env") or {}),
         data=data,
-    )
+    ), strategy
 
 
-def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tuple[LightningSpec, dict[str, Any]]:
-    """The Lightning section, and the checkpoint: fields a ModelCheckpoint among its callbacks stands for."""
+def _lightning(raw: Any, data_section: bool = False) -> tuple[LightningSpec, dict[str, Any], Any]:
+    """The Lightning section; the checkpoint: fields a ModelCheckpoint among its callbacks stands
+    for; and the trainer's strategy as written when it names DeepSpeed (else None)."""
     path = "lightning"
     mapping(raw, path)
     check_keys(raw, LightningSpec, path)
-    model = _class_ref(require(raw, "model", path, dict), f"{path}.model", check_imports)
+    model = _class_ref(require(raw, "model", path, dict), f"{path}.model")
     if raw.get("data") is None and data_section:
         data = None  # the loaders come from the spec's data: section
     elif raw.get("data") is None:
@@ -131,22 +149,12 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
                         "data: {class_path: jobs.digits.DigitsData}, or add a data: section with Parquet input "
                         "(data.train.path), from which the orchestrator builds the loaders.")
     else:
-        data = _class_ref(require(raw, "data", path, dict), f"{path}.data", check_imports)
-    if check_imports:
-        for ref, role in ((model, "model"), (data, "data")):
-            if ref is None:
-                continue
-            cls = import_object(ref.class_path, f"{path}.{role}.class_path")
-            check_lightning_class(cls, ref.class_path, f"{path}.{role}.class_path", role)
+        data = _class_ref(require(raw, "data", path, dict), f"{path}.data")
     trainer = dict(optional(raw, "trainer", path, dict, {}))
     if trainer.get("logger") in (False, None):
         trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
     strategy_value = trainer.pop("strategy", raw.get("strategy", "ddp"))
-    deepspeed = None
-    if is_deepspeed(strategy_value):
-        deepspeed, strategy = deepspeed_args(strategy_value), "deepspeed"
-    else:
-        strategy = str(strategy_value)
+    strategy = "deepspeed" if is_deepspeed(strategy_value) else str(strategy_value)
     if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
             f"field 'lightning.trainer.strategy': {strategy!r} is not available on the Lightning path. "
@@ -160,13 +168,14 @@ def _lightning(raw: Any, check_imports: bool, data_section: bool = False) -> tup
             "for Lightning's default of 1000 epochs. Fix: set lightning.trainer.max_epochs (e.g. 5) "
             "or lightning.trainer.max_steps."
         )
-    callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks", check_imports)
-    loggers = _loggers(raw.get("logger"), f"{path}.logger", check_imports)
-    return LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy, deepspeed=deepspeed,
-                         callbacks=callbacks, logger=loggers), model_checkpoint
+    callbacks, model_checkpoint = _callbacks(raw.get("callbacks"), f"{path}.callbacks")
+    loggers = _loggers(raw.get("logger"), f"{path}.logger")
+    return (LightningSpec(model=model, data=data, trainer=trainer, strategy=strategy, callbacks=callbacks,
+                          logger=loggers),
+            model_checkpoint, strategy_value if strategy == "deepspeed" else None)
 
 
-def _loggers(raw: Any, path: str, check_imports: bool) -> list[ClassRef]:
+def _loggers(raw: Any, path: str) -> list[ClassRef]:
     if raw is None or raw is False:
         return []
     items = [raw] if isinstance(raw, Mapping) else raw
@@ -177,16 +186,11 @@ def _loggers(raw: Any, path: str, check_imports: bool) -> list[ClassRef]:
     for i, item in enumerate(items):
         where = path if isinstance(raw, Mapping) else f"{path}[{i}]"
         mapping(item, where)
-        ref = _class_ref(item, where, check_imports)
-        if check_imports:
-            cls = import_object(ref.class_path, f"{where}.class_path")
-            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "logger")
-            check_logger_package(cls, ref.class_path, f"{where}.class_path")
-        loggers.append(ref)
+        loggers.append(_class_ref(item, where))
     return loggers
 
 
-def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef], dict[str, Any]]:
+def _callbacks(raw: Any, path: str) -> tuple[list[ClassRef], dict[str, Any]]:
     if raw is None:
         return [], {}
     if not isinstance(raw, (list, tuple)):
@@ -197,11 +201,8 @@ def _callbacks(raw: Any, path: str, check_imports: bool) -> tuple[list[ClassRef]
     for i, item in enumerate(raw):
         where = f"{path}[{i}]"
         mapping(item, where)
-        ref = _class_ref(item, where, check_imports)
-        cls = import_object(ref.class_path, f"{where}.class_path") if check_imports else None
-        if cls is not None:
-            check_lightning_class(cls, ref.class_path, f"{where}.class_path", "callbacks")
-        if is_model_checkpoint(ref.class_path, cls):
+        ref = _class_ref(item, where)
+        if is_model_checkpoint(ref.class_path, None):  # a subclass of it is refused when imported
             if model_checkpoint:
                 raise SpecError(f"field '{where}': a second ModelCheckpoint; the run has one store and one "
                                 "retention policy. Fix: keep one ModelCheckpoint (or none, and use checkpoint:).")
@@ -250,38 +251,25 @@ def _check_logger_storage(lightning: LightningSpec, storage: str) -> None:
 
 
 def _check_trainer_args(trainer: dict[str, Any], path: str) -> None:
-    import inspect
-
-    from lightning.pytorch import Trainer
-
-    valid = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    """What can be said of the Trainer's arguments without Lightning (their names are checked
+    against its signature after every key of the spec: imports.py)."""
     for key in trainer:
         if key in OWNED_TRAINER_ARGS:
             raise SpecError(
                 f"field '{path}.{key}': the orchestrator sets this Trainer argument itself "
                 f"({OWNED_TRAINER_ARGS[key]}). Fix: remove '{key}' from {path}."
             )
-        if key not in valid:
-            raise SpecError(
-                f"field '{path}.{key}': {key!r} is not an argument of lightning.Trainer"
-                f"{nearest(key, valid)}. Fix: use one of Trainer's arguments "
-                "(max_epochs, max_steps, precision, accumulate_grad_batches, gradient_clip_val, ...)."
-            )
     for key in ("max_epochs", "max_steps", "accumulate_grad_batches"):
         if key in trainer and trainer[key] is not None:
             integer(trainer, key, path, None, minimum=-1 if key == "max_steps" else 1)
 
 
-def _torch(raw: Any, check_imports: bool) -> TorchSpec:
+def _torch(raw: Any) -> TorchSpec:
     path = "torch"
     mapping(raw, path)
     check_keys(raw, TorchSpec, path)
     loop = require(raw, "train_loop", path, str, example="jobs.digits_torch:train_loop")
-    if check_imports:
-        func = import_object(loop, f"{path}.train_loop")
-        if not callable(func):
-            raise SpecError(f"field '{path}.train_loop': {loop!r} is {describe(func)}, not a function. "
-                            "Fix: name a function train_loop(ctx).")
+    check_import_path(loop, f"{path}.train_loop")  # imported last: imports.py
     config = dict(optional(raw, "config", path, dict, {}))
     max_epochs = integer(raw, "max_epochs", path, None, minimum=1)
     max_steps = integer(raw, "max_steps", path, None, minimum=1)
@@ -441,17 +429,13 @@ def _env(raw: Any) -> dict[str, str]:
     return env
 
 
-def _class_ref(raw: dict[str, Any], path: str, check_imports: bool) -> ClassRef:
+def _class_ref(raw: dict[str, Any], path: str) -> ClassRef:
     allowed = ("class_path", "init_args")
     for key in raw:
         if key not in allowed:
             raise SpecError(f"field '{path}.{key}' is not a valid key{nearest(key, allowed)}. "
                             "Valid keys: class_path, init_args.")
     class_path = require(raw, "class_path", path, str, example="jobs.digits.DigitsClassifier")
+    check_import_path(class_path, f"{path}.class_path")  # imported last: imports.py
     init_args = optional(raw, "init_args", path, dict, {})
-    if check_imports:
-        obj = import_object(class_path, f"{path}.class_path")
-        if not isinstance(obj, type):
-            raise SpecError(f"field '{path}.class_path': {class_path!r} is {describe(obj)}, not a class. "
-                            "Fix: name the class itself.")
     return ClassRef(class_path=class_path, init_args=dict(init_args))
