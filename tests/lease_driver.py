@@ -9,6 +9,8 @@ Options:
   --beat S         start the heartbeat, one beat every S seconds
   --on-lost        give the heartbeat a callback that writes the LeaseLost message to OUT/on_lost
   --hostname NAME  set this process's hostname first (only in a UTS namespace of its own)
+  --seen-as NAME   report NAME as this process's hostname (socket.gethostname), as a driver on another host
+                   that shares the storage would, without a namespace: other drivers cannot check its pid
   --clock-ahead S  this driver's wall clock runs S seconds ahead
   --stalling       its storage stalls every write while OUT/stall exists (and says so in OUT/stalled):
                    a slow disk or object store, so that a heartbeat hangs between its check and its write
@@ -108,11 +110,14 @@ def main() -> None:
     parser.add_argument("--beat", type=float)
     parser.add_argument("--on-lost", action="store_true")
     parser.add_argument("--hostname")
+    parser.add_argument("--seen-as")
     parser.add_argument("--clock-ahead", type=float, default=0.0)
     parser.add_argument("--stalling", action="store_true")
     args = parser.parse_args()
     if args.hostname:
         socket.sethostname(args.hostname)
+    if args.seen_as:
+        socket.gethostname = lambda: args.seen_as
 
     from orchestrator.checkpoint.lease import RunBusy, RunLease
     from orchestrator.run_dir import RunDir

@@ -2,7 +2,9 @@
 
 Drivers run in processes of their own (tests/lease_driver.py). A driver "in another container" or
 "on another host" runs in a pid namespace (and a UTS namespace, with its own hostname) of its own,
-made with `unshare`; those tests are skipped where namespaces cannot be made.
+made with `unshare`; those tests are skipped where namespaces cannot be made. Where a test needs a
+driver whose pid cannot be checked from here but no namespace, the driver only reports another
+hostname (`--seen-as`), as a driver on another host sharing the storage would.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ import pytest
 from conftest import REPO, wait_for
 
 from orchestrator import storage
-from orchestrator.checkpoint.lease import LEASE_TTL_S, Holder, LeaseLost, RunBusy, RunLease, current_holder, fence
+from orchestrator.checkpoint.lease import (
+    HEARTBEAT_INTERVAL_S,
+    LEASE_TTL_S,
+    Holder,
+    LeaseLost,
+    RunBusy,
+    RunLease,
+    current_holder,
+    fence,
+)
 from orchestrator.run_dir import RunDir
 
 DRIVER = os.path.join(REPO, "tests", "lease_driver.py")
@@ -32,6 +43,9 @@ DRIVER = os.path.join(REPO, "tests", "lease_driver.py")
 NAMESPACE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc"]
 # A TTL short enough that watching a stopped heartbeat for one takes a moment.
 SHORT_TTL_S = 0.5
+# Seconds within which a holder judged by its pid is answered: well under HEARTBEAT_INTERVAL_S (10 s), the
+# longest a watcher waits for a live driver's heartbeat to move, with slack for a loaded machine.
+AT_ONCE_S = 5.0
 
 
 def _namespaces_work() -> bool:
@@ -163,23 +177,73 @@ def test_a_second_driver_is_refused_while_the_first_holds_the_run(run_dir):
     assert "--set name=" in message and "ray job stop" in message
 
 
+def test_a_live_driver_on_this_host_is_refused_at_once_without_waiting_for_its_heartbeat(run_dir, drivers):
+    # As `orchestrator run` holds a run: its heartbeat beats every HEARTBEAT_INTERVAL_S (10 s).
+    holder = drivers(run_dir, "holder", "--beat", str(HEARTBEAT_INTERVAL_S))
+    holder.won()
+    said: list[str] = []
+    start = time.monotonic()
+    with pytest.raises(RunBusy) as busy:
+        RunLease.acquire(run_dir, on_wait=said.append)
+    took = time.monotonic() - start
+    assert took < AT_ONCE_S and said == []  # its pid answered: no heartbeat was watched
+    message = str(busy.value)
+    assert f"host {socket.gethostname()}, pid {holder.proc.pid}" in message and "alive on this host" in message
+    assert holder.read("lost") is None  # it still holds the run
+
+
+def test_a_second_orchestrator_run_of_a_live_run_on_this_host_is_refused_before_it_imports_anything_slow(
+        tmp_path, drivers):
+    """The command, command start to exit 2: the run's name and storage are read, the live holder's
+    pid answers, and the refusal comes before torch, Lightning or the job's module is imported (the
+    command's whole CPU time stays under what importing torch alone costs)."""
+    storage_dir = tmp_path / "runs"
+    holder = drivers(RunDir.of(str(storage_dir), "digits-quickstart"), "holder", "--beat", str(HEARTBEAT_INTERVAL_S))
+    holder.won()
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", "run", "jobs/quickstart.yaml",
+                           "--set", f"storage={storage_dir}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and error, done.stderr[-3000:]
+    assert "held by a live driver" in error[0] and f"pid {holder.proc.pid}" in error[0]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "lightning", "ray", "jobs.digits"}, sorted(imported & {"torch", "lightning", "ray"})
+    assert cpu < 3.0, f"{cpu:.2f} s of CPU for a refusal"
+
+
 def test_a_lease_held_by_a_killed_process_on_this_host_is_taken_over_at_once(run_dir, drivers):
-    driver = drivers(run_dir, "killed", "--beat", "0.05")
+    driver = drivers(run_dir, "killed", "--beat", str(HEARTBEAT_INTERVAL_S))
     assert driver.won()[0] == 1
     os.kill(driver.proc.pid, signal.SIGKILL)
     driver.proc.wait(timeout=10)
-    lease, took = timed_acquire(run_dir)
+    said: list[str] = []
+    lease, took = timed_acquire(run_dir, on_wait=said.append)
     with lease:
-        assert lease.generation == 2 and took < LEASE_TTL_S / 4
+        assert lease.generation == 2 and took < AT_ONCE_S and said == []
 
 
-def test_a_lease_whose_pid_now_belongs_to_another_process_is_taken_over_at_once(run_dir):
-    # Same host, same kernel, same pid namespace: the pid names this process, started at another time.
-    write_holder(run_dir, 4, host=socket.gethostname(), pid=os.getpid(), pid_started="1", boot_id=this_boot_id(),
+@pytest.mark.parametrize("started", ["same", "other"])
+def test_a_live_pid_on_this_host_is_the_holder_only_if_it_started_when_the_holder_did(run_dir, started):
+    # Same host, same kernel, same pid namespace, and no heartbeat that ever moves: the pid names this
+    # process, which is alive. Started when the claim says, it is the holder, a hung one perhaps, and its
+    # run is not taken over under it; started at another time, the pid was reused and the holder is gone.
+    same = started == "same"
+    write_holder(run_dir, 4, host=socket.gethostname(), pid=os.getpid(),
+                 pid_started=this_process_started() if same else "1", boot_id=this_boot_id(),
                  pid_ns=this_pid_namespace())
-    lease, took = timed_acquire(run_dir)
-    with lease:
-        assert lease.generation == 5 and took < LEASE_TTL_S / 4
+    said: list[str] = []
+    start = time.monotonic()
+    if same:
+        with pytest.raises(RunBusy, match=f"pid {os.getpid()}, .*alive on this host"):
+            RunLease.acquire(run_dir, ttl_s=SHORT_TTL_S, on_wait=said.append)
+    else:
+        with RunLease.acquire(run_dir, ttl_s=SHORT_TTL_S, on_wait=said.append) as lease:
+            assert lease.generation == 5
+    assert time.monotonic() - start < AT_ONCE_S and said == []
 
 
 def test_the_heartbeat_moves_and_the_status_sees_it(run_dir):
@@ -266,9 +330,10 @@ def test_the_lease_works_the_same_on_s3(s3_server):
 
 
 def test_a_live_driver_is_not_taken_over_by_a_driver_whose_clock_is_ahead(run_dir, drivers):
-    holder = drivers(run_dir, "holder", "--beat", "0.05")
+    # On another host: judged by its heartbeat, not its pid.
+    holder = drivers(run_dir, "holder", "--seen-as", "other-host", "--beat", "0.05")
     holder.won()
-    with pytest.raises(RunBusy, match=f"pid {holder.proc.pid}"):
+    with pytest.raises(RunBusy, match=f"host other-host, pid {holder.proc.pid}"):
         RunLease.acquire(run_dir, now=lambda: time.time() + 2 * LEASE_TTL_S)
     assert holder.read("lost") is None  # it still holds the run
 
@@ -336,13 +401,19 @@ def test_a_live_driver_in_another_pid_namespace_of_this_host_is_not_declared_dea
     assert holder.read("lost") is None
 
 
-def test_a_dead_driver_of_another_pid_namespace_whose_pid_lives_here_is_taken_over_after_one_ttl(run_dir):
-    # Its pid and start time are this process's, but it ran in another container (pid namespace) and died.
-    write_holder(run_dir, host=socket.gethostname(), pid=os.getpid(), pid_started=this_process_started(),
-                 boot_id=this_boot_id(), pid_ns=str(int(this_pid_namespace()) + 1))
-    lease, took = timed_acquire(run_dir, ttl_s=SHORT_TTL_S)
+@pytest.mark.parametrize("elsewhere", ["host", "boot_id", "pid_ns"])
+def test_a_dead_driver_of_another_host_kernel_or_pid_namespace_whose_pid_lives_here_is_watched_for_one_ttl(
+        run_dir, elsewhere):
+    # Its pid and start time are this process's, but it ran on another host, before a reboot, or in another
+    # container (pid namespace), and died: its pid says nothing here, only its heartbeat does.
+    here = dict(host=socket.gethostname(), boot_id=this_boot_id(), pid_ns=this_pid_namespace())
+    there = dict(host="other-host", boot_id=str(uuid.uuid4()), pid_ns=str(int(this_pid_namespace()) + 1))
+    write_holder(run_dir, pid=os.getpid(), pid_started=this_process_started(), **{**here, elsewhere: there[elsewhere]})
+    said: list[str] = []
+    lease, took = timed_acquire(run_dir, ttl_s=SHORT_TTL_S, on_wait=said.append)
     with lease:
         assert lease.generation == 2 and took >= SHORT_TTL_S
+    assert len(said) == 1 and "cannot be checked by its pid" in said[0]
 
 
 @pytest.mark.parametrize("pid", ["alive", "dead"])
@@ -375,7 +446,8 @@ def test_of_two_holders_of_one_generation_only_the_one_the_claim_names_passes_th
 
 
 def test_a_heartbeat_that_stalls_between_its_check_and_its_write_cannot_roll_a_takeover_back(run_dir, drivers):
-    old = drivers(run_dir, "old", "--stalling", "--beat", "0.05")
+    # On another host: taken over once its heartbeat stood still (on this host its live pid would refuse us).
+    old = drivers(run_dir, "old", "--stalling", "--seen-as", "other-host", "--beat", "0.05")
     _, old_nonce = old.won()
     (old.out / "stall").touch()
     old.wait("stalled")  # its next heartbeat checked that it holds the run, and now hangs in its write
@@ -395,8 +467,10 @@ def test_a_heartbeat_that_stalls_between_its_check_and_its_write_cannot_roll_a_t
 # --- 5. the heartbeat reports a loss at once ---
 
 
-def test_after_a_takeover_the_old_writer_is_fenced_off_and_its_heartbeat_reports_the_loss(run_dir):
-    old = RunLease.acquire(run_dir)  # its heartbeat has not started: to others it stands still
+def test_after_a_takeover_the_old_writer_is_fenced_off_and_its_heartbeat_reports_the_loss(run_dir, monkeypatch):
+    with monkeypatch.context() as as_another_host:  # so that its pid, this process's, is not checked
+        as_another_host.setattr(socket, "gethostname", lambda: "other-host")
+        old = RunLease.acquire(run_dir)  # its heartbeat has not started: to others it stands still
     new, took = timed_acquire(run_dir, ttl_s=SHORT_TTL_S)
     assert new.generation == old.generation + 1 and took >= SHORT_TTL_S
     with pytest.raises(LeaseLost, match=f"generation {new.generation} now holds it"):
@@ -422,7 +496,8 @@ def test_after_a_takeover_the_old_writer_is_fenced_off_and_its_heartbeat_reports
 
 
 def test_a_driver_that_was_stuck_learns_of_the_takeover_at_its_next_beat(run_dir, drivers):
-    stuck = drivers(run_dir, "stuck", "--beat", "0.05", "--on-lost")
+    # On another host, where only its heartbeat tells (on this host its live pid refuses a takeover).
+    stuck = drivers(run_dir, "stuck", "--seen-as", "other-host", "--beat", "0.05", "--on-lost")
     stuck.won()
     os.kill(stuck.proc.pid, signal.SIGSTOP)  # alive, but its heartbeat stands still
     try:

@@ -26,14 +26,17 @@ def state(step: int, size: int = 1000) -> Serialized:
     return Serialized({"w": torch.full((size,), float(step)), "step": step})
 
 
-def test_an_orphaned_writer_commits_and_deletes_nothing_after_a_takeover(tmp_path):
+def test_an_orphaned_writer_commits_and_deletes_nothing_after_a_takeover(tmp_path, monkeypatch):
     run_dir = RunDir.at(str(tmp_path / "run"))
-    first = RunLease.acquire(run_dir)
+    # The first driver runs on another host (a live driver on this one is never taken over: its
+    # pid answers); its heartbeat stands still (it never started here).
+    with monkeypatch.context() as other_host:
+        other_host.setattr(lease.socket, "gethostname", lambda: "another-host")
+        first = RunLease.acquire(run_dir)
     orphan = CheckpointStore(run_dir.location, fence=lambda: lease.fence(run_dir, first.generation, first.nonce))
     orphan.commit(manifest(1), {"state.pt": state(1)})
     orphan.commit(manifest(2), {"state.pt": state(2)})
-    # The first driver's heartbeat stands still (it never started here): a new driver that watched
-    # it stand still for a TTL takes the run over.
+    # A new driver that watched its heartbeat stand still for a TTL takes the run over.
     second = RunLease.acquire(run_dir, ttl_s=0.5)
     assert second.generation == first.generation + 1
 

@@ -1,10 +1,21 @@
-"""The checkpoint store: atomic commits with a checksummed manifest, on any pyarrow filesystem."""
+"""The checkpoint store: atomic commits with a checksummed manifest, on any pyarrow filesystem.
 
-from orchestrator.checkpoint.files import Serialized, StorageFull
-from orchestrator.checkpoint.manifest import Manifest
-from orchestrator.checkpoint.serialization import dumps_state, loads_state
-from orchestrator.checkpoint.store import CheckpointInfo, CheckpointStore
-from orchestrator.checkpoint.writer import AsyncCheckpointWriter
+The names below are loaded on first use, so that the lease (`orchestrator.checkpoint.lease`),
+which a second driver checks before anything slow, is imported without torch.
+"""
 
-__all__ = ["AsyncCheckpointWriter", "CheckpointInfo", "CheckpointStore", "Manifest", "Serialized", "StorageFull",
-           "dumps_state", "loads_state"]
+import importlib
+
+_WHERE = {
+    "Serialized": "files", "StorageFull": "files", "Manifest": "manifest", "dumps_state": "serialization",
+    "loads_state": "serialization", "CheckpointInfo": "store", "CheckpointStore": "store",
+    "AsyncCheckpointWriter": "writer",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'orchestrator.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"orchestrator.checkpoint.{_WHERE[name]}"), name)

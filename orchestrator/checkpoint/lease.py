@@ -13,13 +13,15 @@ The files, all in `<run_dir>/leases/` but the last:
   a release. No decision rests on it; it is watched like a heartbeat (a driver of an older version
   beats there), and read for who holds the run only where `leases/` is gone.
 
-A lease is free when its holder released it; when its holder's process is gone, which is checked
-only where the pid means the same process (same hostname, kernel boot id and pid namespace: two
-containers with host networking share a hostname, not their pids); or when its heartbeat has not
-changed for LEASE_TTL_S while another driver watched it. The watching is timed on the watcher's
-own monotonic clock, never by comparing two hosts' wall clocks, so the first driver that finds a
-lease it cannot judge by pid watches it for up to a TTL: RunBusy as soon as the heartbeat moves,
-the run taken over if it stood still. Each takeover raises the generation by one.
+A holder is judged by its pid wherever the pid means the same process: same hostname, kernel boot
+id and pid namespace (two containers with host networking share a hostname, not their pids), and
+the same start time of that pid (a pid reused by another process is not the holder). There the
+answer comes at once: its process alive, RunBusy; gone, the run is taken over. A holder that
+released the run is taken over at once too. Any other holder (another host, another container, a
+lease of an older version that does not say) is watched: its heartbeat, timed on the watcher's own
+monotonic clock, never by comparing two hosts' wall clocks, for up to LEASE_TTL_S: RunBusy as soon
+as the heartbeat moves, the run taken over if it stood still. Each takeover raises the generation
+by one.
 
 Writers in other processes (the workers) call `fence` right before they commit or delete. The
 driver's own heartbeat checks the same at every beat and, once the run was taken over, calls the
@@ -136,9 +138,10 @@ class RunLease:
                 on_wait: Callable[[str], None] | None = None) -> RunLease:
         """Take the run's lease, or raise RunBusy naming the live driver that holds it.
 
-        A holder that released the run, or whose process is seen gone, is taken over at once; any other
-        is watched for up to `ttl_s` seconds first (`on_wait` gets a line saying so). `now` gives the
-        wall times written into the lease, which only people read.
+        A holder whose pid can be checked from here (same host, kernel and pid namespace) is judged at
+        once: RunBusy while its process runs, taken over once it is gone. So is one that released the
+        run. Any other is watched for up to `ttl_s` seconds first (`on_wait` gets a line saying so).
+        `now` gives the wall times written into the lease, which only people read.
         """
         current = _newest(run_dir)
         if current is not None:
@@ -278,6 +281,17 @@ def current_holder(run_dir: RunDir, *, ttl_s: float = LEASE_TTL_S,
     return holder, live
 
 
+def refuse_if_held_here(run_dir: RunDir, *, ttl_s: float = LEASE_TTL_S) -> None:
+    """RunBusy at once if a live driver on this host holds the run, writing nothing: what a second
+    driver checks before its slow start (imports, the spec's classes), so that it is refused in a
+    moment. Any other holder is judged by `RunLease.acquire`."""
+    seen = _newest(run_dir)
+    if seen is None or not seen.readable or _released(_look(seen), seen.holder):
+        return
+    if _process_alive(seen.holder):
+        raise RunBusy(_busy_message(run_dir, seen.holder, ttl_s, "its process is alive on this host"))
+
+
 def fence(run_dir: RunDir, generation: int, nonce: str) -> None:
     """Raise LeaseLost unless the driver that took `generation` with `nonce` still holds the run: its claim
     still carries that nonce, and no newer generation has been claimed. Call right before a commit or a
@@ -365,17 +379,23 @@ def _is_unknown(holder: Holder) -> bool:
 
 
 def _wait_until_free(run_dir: RunDir, seen: _Seen, ttl_s: float, on_wait: Callable[[str], None] | None) -> None:
-    """Return once `seen`'s holder is gone; raise RunBusy as soon as its heartbeat moves."""
+    """Return once `seen`'s holder is gone; raise RunBusy while it is alive.
+
+    Where its pid can be checked, the pid answers at once. Elsewhere its heartbeat is watched for up
+    to `ttl_s`: RunBusy as soon as it moves, a return once it stood still that long."""
     holder = seen.holder
     first = _look(seen)
-    alive = _process_alive(holder)
-    if _released(first, holder) or alive is False:
+    if _released(first, holder):
         return
-    where = ("whose process is alive on this host" if alive
-             else "which cannot be checked by its pid from here (another host or container)")
+    alive = _process_alive(holder)
+    if alive is False:
+        return
+    if alive:
+        raise RunBusy(_busy_message(run_dir, holder, ttl_s, "its process is alive on this host"))
     message = (f"run directory '{run_dir.uri}' is held by host {holder.host}, pid {holder.pid} (generation "
-               f"{holder.generation}), {where}: watching its heartbeat for up to {ttl_s:.0f} s before taking the "
-               "run over (refused as soon as it moves)")
+               f"{holder.generation}), which cannot be checked by its pid from here (another host or container): "
+               f"watching its heartbeat for up to {ttl_s:g} s before taking the run over (refused as soon as "
+               "it moves)")
     log.info("%s", message)
     if on_wait is not None:
         on_wait(message)
@@ -386,10 +406,10 @@ def _wait_until_free(run_dir: RunDir, seen: _Seen, ttl_s: float, on_wait: Callab
         if storage.exists(newer):
             return  # another driver claimed the next generation first: that claim is the one to judge now
         latest = _look(seen)
-        if _released(latest, holder) or _process_alive(holder) is False:
+        if _released(latest, holder):
             return
         if latest != first:
-            raise RunBusy(_busy_message(run_dir, holder, ttl_s))
+            raise RunBusy(_busy_message(run_dir, holder, ttl_s, "its heartbeat moved while this driver watched it"))
     log.info("the heartbeat of generation %d of %s stood still for %.0f s: taking the run over", holder.generation,
              run_dir.uri, ttl_s)
 
@@ -520,14 +540,14 @@ def _fsync(loc: Location) -> None:
             os.close(fd)
 
 
-def _busy_message(run_dir: RunDir, holder: Holder, ttl_s: float) -> str:
+def _busy_message(run_dir: RunDir, holder: Holder, ttl_s: float, why: str) -> str:
     started = (f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.started_at))} (its clock)"
                if holder.started_at > 0 else "")
     return (f"run directory '{run_dir.uri}' is held by a live driver: host {holder.host}, pid {holder.pid}{started}, "
-            f"generation {holder.generation}; its heartbeat moved while this driver watched it. Fix: wait for it to "
-            "finish, stop it (Ctrl-C in its terminal, or `ray job stop JOB_ID`), or give this run another name with "
-            "--set name=NEW_NAME. A driver that died is taken over automatically once its heartbeat stood still for "
-            f"{ttl_s:.0f} s (LEASE_TTL_S), or at once from the same host and container when its process is gone.")
+            f"generation {holder.generation}; {why}. Fix: wait for it to finish, stop it (Ctrl-C in its terminal, "
+            "or `ray job stop JOB_ID`), or give this run another name with --set name=NEW_NAME. A driver that died "
+            "is taken over automatically: at once from the same host and container, elsewhere once its heartbeat "
+            f"stood still for {ttl_s:g} s (LEASE_TTL_S).")
 
 
 def _lost(run_dir: RunDir, generation: int, current: Holder | None) -> LeaseLost:

@@ -39,6 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         overrides["resume_from"] = args.resume_from
     if args.lightning_config:
         overrides["lightning.config"] = args.lightning_config
+    refuse_a_second_driver(resolve_spec(_spec_source(args), overrides, read_only=True))
     spec = resolve_spec(_spec_source(args), overrides)  # validate before paying for Ray start-up
     note = job_stop_note()  # under `ray job submit`: how long `ray job stop` leaves for a last checkpoint
     if note:
@@ -51,6 +52,15 @@ def handle(args: argparse.Namespace) -> int:
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)
+
+
+def refuse_a_second_driver(read) -> None:
+    """A live driver of the same run on this host refuses this one at once, before torch, Lightning
+    or the job's own modules are imported (the lease judges any other holder, in `run`)."""
+    from orchestrator.checkpoint.lease import refuse_if_held_here
+    from orchestrator.run_dir import RunDir
+
+    refuse_if_held_here(RunDir.of(read.storage, read.name))
 
 
 def finish_process(stopped: RunStopped | None) -> int:

@@ -20,7 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.checkpoint.lease import LeaseLost, RunLease
+from orchestrator.checkpoint.lease import LeaseLost, RunLease, refuse_if_held_here
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.driver import resume
@@ -64,10 +64,15 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     `cluster.disconnect`).
     """
     say = console or (lambda line: None)
-    job = resolve_spec(spec, _flatten_overrides(overrides))
+    # The run's name and storage first, importing nothing: a second driver of a live run on this
+    # host is refused at once, before torch, Lightning or the user's code is imported.
+    flat = _flatten_overrides(overrides)
+    read = resolve_spec(spec, flat, read_only=True)
     cluster.check_address(address)
+    layout = RunDir.of(read.storage, read.name)
+    refuse_if_held_here(layout)
+    job = resolve_spec(spec, flat)
     check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
-    layout = RunDir.of(job.storage, job.name)
     storage.ensure_dir(layout.location)
     # One writer per run: a second driver is refused here, naming the one that holds the run. A
     # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
