@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,8 +16,15 @@ MANIFEST_NAME = "manifest.json"
 # A checkpoint a later branch of the run superseded keeps its manifest under this name: its files
 # stay on storage, but no reader takes it for committed (store.py, `supersede_after`).
 SUPERSEDED_NAME = "manifest.superseded.json"
-# 2: the manifest holds the spec of the run that wrote it (`spec`).
+# 2: the manifest holds the spec of the run that wrote it (`spec`). Its `env` values are digests
+# since (env_digest); older manifests hold them in clear and read the same. Still 2: a digest is a
+# string to an older reader too, which then shows a digest in its spec diff, never a value.
 FORMAT_VERSION = 2
+# What a manifest keeps of each `env` value: "sha256:" and the first 12 hex digits of its sha256.
+# `env` carries secrets (WANDB_API_KEY, HF_TOKEN, ...); a digest still tells a resume that a
+# variable changed, and no file or message ever holds the value itself.
+ENV_DIGEST_PREFIX = "sha256:"
+_ENV_DIGEST = re.compile(r"sha256:[0-9a-f]{12}")
 
 
 class NewerFormat(CheckpointError):
@@ -25,6 +33,23 @@ class NewerFormat(CheckpointError):
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def env_digest(value: Any) -> str:
+    """What a manifest keeps of one `env` value. A digest maps to itself, so an older manifest's
+    clear value and a newer one's digest of the same value compare equal once both are digested."""
+    text = str(value)
+    if _ENV_DIGEST.fullmatch(text):
+        return text
+    return ENV_DIGEST_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def redact_env(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec record (JobSpec.to_record()) with every `env` value a digest; `spec` itself is left as it is."""
+    env = spec.get("env") if isinstance(spec, dict) else None
+    if not isinstance(env, dict) or not env:
+        return spec
+    return {**spec, "env": {name: env_digest(value) for name, value in env.items()}}
 
 
 @dataclass
@@ -55,14 +80,21 @@ class Manifest:
     strategy: str = ""
     # Samples of the current epoch trained on by all ranks together: the data's global position.
     consumed: int = 0
-    # The job spec of the run that wrote it (JobSpec.to_dict()): a resume with another spec says
-    # what changed.
+    # The job spec of the run that wrote it (JobSpec.to_record()), each `env` value a digest
+    # (redact_env): a resume with another spec says what changed.
     spec: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        # Here, not only in to_json: a manifest in memory (the one being written, or an older one
+        # read back with clear values) reaches callbacks, events and messages too.
+        self.spec = redact_env(self.spec)
+
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+        record = asdict(self)
+        record["spec"] = redact_env(record["spec"])  # (again: `spec` may have been reassigned since)
+        return json.dumps(record, indent=1, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, *, source: str = "manifest") -> Manifest:

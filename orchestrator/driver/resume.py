@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.checkpoint import CheckpointStore, Manifest
-from orchestrator.checkpoint.manifest import written_strategy
+from orchestrator.checkpoint.manifest import redact_env, written_strategy
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.spec import JobSpec
 
@@ -101,12 +101,18 @@ def spec_changes(spec: JobSpec, manifest: Manifest | None) -> str | None:
     """One line naming each spec field that differs from the run that wrote the checkpoint."""
     if manifest is None or not manifest.spec:
         return None
-    old, new = _flatten(manifest.spec), _flatten(spec.to_record())
+    # `env` values may be secrets: both sides are compared as digests (an older manifest holds
+    # clear values) and only the names are said.
+    old_spec, new_spec = redact_env(manifest.spec), redact_env(spec.to_record())
+    old_env, new_env = _env_of(old_spec), _env_of(new_spec)
+    old, new = _flatten(_without_env(old_spec)), _flatten(_without_env(new_spec))
     changed = [key for key in sorted(old.keys() | new.keys())
                if old.get(key, _ABSENT) != new.get(key, _ABSENT) and key.split(".")[0] not in _EXPECTED_CHANGES]
-    if not changed:
+    env_changed = [name for name in sorted(old_env.keys() | new_env.keys()) if old_env.get(name) != new_env.get(name)]
+    if not changed and not env_changed:
         return None
     parts = [f"{key}: {_show(old.get(key, _ABSENT))} -> {_show(new.get(key, _ABSENT))}" for key in changed]
+    parts += [f"env.{name} {_env_change(name, old_env, new_env)}" for name in env_changed]
     line = f"this spec differs from the one that wrote the checkpoint: {'; '.join(parts)}."
     optimizer = [k for k in changed if k.rsplit(".", 1)[-1] in _OPTIMIZER_KEYS
                  and k.startswith(("torch.config.", "lightning.model.init_args."))]
@@ -119,6 +125,20 @@ def spec_changes(spec: JobSpec, manifest: Manifest | None) -> str | None:
 
 
 _ABSENT = object()
+
+
+def _env_of(record: dict[str, Any]) -> dict[str, Any]:
+    env = record.get("env")
+    return env if isinstance(env, dict) else {}
+
+
+def _without_env(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key != "env"}
+
+
+def _env_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """added, removed or changed: never the values (secrets, and digests of them)."""
+    return "added" if name not in old else "removed" if name not in new else "changed"
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
