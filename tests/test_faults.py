@@ -187,7 +187,25 @@ def test_time_waiting_for_capacity_is_taken_out_of_the_restart_it_overlaps():
 
 def test_a_run_that_never_stepped_has_no_goodput():
     g = goodput.compute([], started=0.0, ended=30.0)
-    assert g["goodput"] == 0 and g["lost_s"]["startup"] == pytest.approx(30.0)
+    assert g["goodput"] is None and g["lost_s"]["startup"] == pytest.approx(30.0)
+    assert goodput.describe(g).startswith("goodput not measured: no start of the ranks timed two optimizer steps")
+
+
+def test_a_script_too_short_to_time_by_its_span_is_timed_by_its_own_step_time():
+    """24 steps of 0.03 s seen in one progress report (rank 0 reports every 2 s): the span of the
+    reports times nothing, and the old count gave 0% (or a step time from the epoch's end). The
+    bootstrap's median time between steps times them."""
+    events = [{"kind": "worker_started", "rank": 0, "group": 1, "restored_step": None, "time": 5.0},
+              {"kind": "progress", "group": 1, "step": 24, "stall_s": 0.0, "time": 8.0, "step_time_s": 0.03},
+              {"kind": "finished", "group": 1, "step": 24, "checkpoint_stall_s": 0.0, "time": 9.0,
+               "step_time_s": 0.03}]
+    g = goodput.compute(events, started=0.0, ended=10.0)
+    assert g["step_time_s"] == pytest.approx(0.03) and g["productive_s"] == pytest.approx(24 * 0.03)
+    assert g["goodput"] == pytest.approx(0.072)
+    untimed = [e for e in events if e["kind"] == "worker_started"] + [
+        {k: v for k, v in e.items() if k != "step_time_s"} for e in events[1:]]
+    g = goodput.compute(untimed, started=0.0, ended=10.0)
+    assert g["goodput"] is None and "24 step(s) seen" in g["not_timed"]
 
 
 # --- stop grace -------------------------------------------------------------------------------

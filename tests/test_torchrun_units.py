@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -34,7 +35,7 @@ def _spec(*argv: str) -> dict:
 def test_torchruns_flags_in_both_spellings_become_the_spec_and_the_scripts_arguments_stay_untouched():
     spec = _spec("--nnodes", "2", "--nproc-per-node", "4", "--max_restarts", "5", "--env", "NCCL_DEBUG=INFO",
                  SEED, "--work_dir", "{run_dir}/work", "--nproc_per_node", "9", "-m", "x")
-    assert spec["name"] == "torchrun_seed"
+    assert re.fullmatch(r"torchrun_seed-[0-9a-f]{8}", spec["name"])  # the script's name and its path's hash
     assert spec["script"] == {"path": SEED, "args": ["--work_dir", "{run_dir}/work", "--nproc_per_node", "9", "-m", "x"],
                               "nproc_per_node": 4}
     assert spec["scaling"]["num_workers"] == 2 and spec["failure"] == {"max_failures": 5}
@@ -49,7 +50,8 @@ def test_an_elastic_node_range_and_a_module_and_rendezvous_flags_are_taken():
     spec = _spec("--nnodes=1:3", "--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv-endpoint", "head:29500",
                   "--standalone", "-m", "tests.torchrun_seed", "--epochs", "1")
     assert spec["scaling"]["num_workers"] == [1, 3]
-    assert spec["script"]["module"] == "tests.torchrun_seed" and spec["name"] == "torchrun_seed"
+    assert spec["script"]["module"] == "tests.torchrun_seed"
+    assert re.fullmatch(r"torchrun_seed-[0-9a-f]{8}", spec["name"])
     job = resolve_spec(spec)
     assert (job.scaling.min_workers, job.scaling.num_workers) == (1, 3)
 
@@ -150,6 +152,32 @@ def test_restarts_in_place_and_of_the_group_share_one_budget():
     assert verdict["action"] == FAIL and verdict["exhausted"]
 
 
+def test_a_scripts_own_nonzero_exit_restarts_in_place_as_under_torchrun_after_waiting_for_a_peers_bug():
+    rounds = _rounds()
+    exit_3 = {"rank": 1, "kind": "exit", "decisive": False, "error": "the script exited with status 3 (sys.exit)"}
+    rounds.report(1, 0, 0, exit_3, 10.0)
+    assert rounds.verdict(1, 0, 10.0) == {"action": WAIT}  # a peer's bug may be why it exited
+    # Rank 0 then loses its peer in a collective: the consequence, not the cause.
+    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
+    verdict = rounds.verdict(1, 0, 10.0 + SETTLE_S + 0.01)
+    assert verdict["action"] == RESTART and verdict["failure"] == exit_3 and verdict["restarts"] == 1
+
+
+def test_late_reports_of_a_decided_round_are_ignored_and_a_replaced_group_is_told_so():
+    rounds = _rounds()
+    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
+    decided = rounds.verdict(1, 0, 1.0)
+    assert decided["action"] == RESTART
+    # Node 1's report of the same round arrives after the verdict: it changes neither that
+    # verdict nor the next round's.
+    rounds.report(1, 0, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
+    assert rounds.verdict(1, 0, 2.0) == decided
+    assert rounds.failures == [] and rounds.verdict(1, 1, 2.0) == {"action": WAIT}
+    # Ray Train replaced the group: a supervisor of the old one asking about its round is told to stop.
+    rounds.new_group(2, 2)
+    assert rounds.verdict(1, 1, 3.0) == {"action": FAIL, "reason": "this worker group was replaced"}
+
+
 def test_a_round_finishes_when_every_node_reports_its_ranks_exited_0():
     rounds = _rounds(workers=2)
     rounds.report(1, 0, 0, {"ok": True}, 1.0)
@@ -201,7 +229,9 @@ def test_a_scripts_own_exit_status_is_kept_and_recorded(tmp_path):
     code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(3)\n")
     assert code == 3
     with open(files["ORCHESTRATOR_FAILURE_FILE"]) as f:
-        assert json.load(f)["error"] == "the script exited with status 3"
+        # The script's own word, not a bug: restarted as torchrun restarts it (rounds.py).
+        assert json.load(f) == {"kind": "exit", "error": "the script exited with status 3 (sys.exit)",
+                                "where": "", "signature": ""}
     os.remove(files["ORCHESTRATOR_FAILURE_FILE"])
     assert not os.path.exists(files["ORCHESTRATOR_FAILURE_FILE"] + ".returned")
     code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(0)\n")
@@ -228,7 +258,8 @@ def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_
         assert steps == 5 and 0 <= time.monotonic() - last < 30
         time.sleep(0.5)
         process.send_signal(signal.SIGUSR2)
-        dump = [process.stdout.readline() for _ in range(3)]
+        # Every thread's stack (the bootstrap's liveness thread's too); the main thread's is the one asked for.
+        dump = [process.stdout.readline() for _ in range(8)]
         assert any('train.py", line 8 in wait_here' in line for line in dump), dump
         assert process.poll() is None  # the dump does not end the script
     finally:
@@ -317,3 +348,21 @@ def test_a_killed_supervisors_scratch_folder_is_removed_by_the_next_one_and_a_li
     (tmp_path / f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def").mkdir()
     supervisor._remove_stale_scratch()
     assert sorted(os.listdir(tmp_path)) == [f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def"]
+
+
+# --- rank 0's output on its way to the console ---------------------------------------------------
+
+
+def test_rank_0s_output_is_held_bounded_until_the_driver_takes_it_and_then_forgotten():
+    """A script printing for a day costs the run monitor no memory: it holds at most a bounded
+    backlog (the oldest lines dropped and counted), and nothing once the driver took it."""
+    from orchestrator.driver.monitor import OutputBuffer
+
+    buffer = OutputBuffer(held=100)
+    buffer.add([f"line {i}" for i in range(60)])
+    assert buffer.take() == ([f"line {i}" for i in range(60)], 0)
+    assert buffer.take() == ([], 0)
+    for start in range(0, 250, 50):  # the console fell behind: 250 lines, 100 held
+        buffer.add([f"line {i}" for i in range(start, start + 50)])
+    lines, dropped = buffer.take()
+    assert lines == [f"line {i}" for i in range(150, 250)] and dropped == 150

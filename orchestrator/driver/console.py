@@ -117,6 +117,20 @@ class RunWatcher:
             if line:
                 self.say(line)
         self._export(events)
+        if self.job.script is not None:
+            self._show_output()
+
+    def _show_output(self) -> None:
+        """A script's rank-0 output, as torchrun shows it; taken from the monitor, never kept here."""
+        try:
+            lines, dropped = ray.get(self.monitor.take_output.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the output is also in the rank's log
+            return
+        if dropped:
+            self.say(f"[orchestrator: {dropped} line(s) of rank 0's output not shown here (the console fell "
+                     "behind); they are in its log, rank-0.log]")
+        if lines:
+            self.say("\n".join(lines))
 
     def _export(self, events: list[dict[str, Any]]) -> None:
         if self.metrics is None:
@@ -179,8 +193,6 @@ class RunWatcher:
                 nodes = size // self.job.script.nproc_per_node
                 return f"{prefix}{size} ranks up ({nodes} node(s) x {self.job.script.nproc_per_node})"
             return f"{prefix}{size} workers up, {where}"
-        if kind == "output":  # a script's rank 0, as torchrun shows it
-            return "\n".join(event["lines"])
         if kind == "progress" and event.get("script"):
             return f"step {event['step']:>6}"
         if kind == "restart_in_place":

@@ -8,10 +8,14 @@ The actor outlives worker-group restarts, so it is also where
 - the workers' heartbeats arrive, and the hang watchdog (`watchdog.py`) judges them; its
   verdict goes back to every worker of the group in the reply to its next heartbeat;
 - the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
+
+A script's rank-0 output is not an event: it waits in a bounded buffer until the driver takes it
+(`take_output`), so that a script printing for a day costs the monitor and the driver no memory.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -20,6 +24,28 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.driver.rounds import RESTART, InPlaceRounds
 from orchestrator.driver.watchdog import Beat, HangWatchdog
+
+# Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
+OUTPUT_LINES_HELD = 20_000
+
+
+class OutputBuffer:
+    """A script's rank-0 lines on their way to the driver's console: at most `held`, the oldest
+    dropped (and counted) when the console falls behind; whatever is taken is forgotten here."""
+
+    def __init__(self, held: int = OUTPUT_LINES_HELD):
+        self._lines: collections.deque[str] = collections.deque(maxlen=held)
+        self._dropped = 0
+
+    def add(self, lines: list[str]) -> None:
+        self._dropped += max(0, len(self._lines) + len(lines) - self._lines.maxlen)
+        self._lines.extend(lines)
+
+    def take(self) -> tuple[list[str], int]:
+        lines, dropped = list(self._lines), self._dropped
+        self._lines.clear()
+        self._dropped = 0
+        return lines, dropped
 
 
 def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
@@ -54,8 +80,12 @@ class RunMonitor:
         # the watchdog judges each round of children apart: its groups are (group, round).
         self._rounds = InPlaceRounds(max_restarts) if max_restarts is not None else None
         self._ranks = 0
+        self._output = OutputBuffer()
 
     def push(self, kind: str, **payload: Any) -> None:
+        if kind == "output":
+            self._output.add(payload["lines"])
+            return
         event = {"kind": kind, "time": time.time(), **payload}
         if kind == "checkpoint":
             self._latest_checkpoint = event
@@ -63,6 +93,10 @@ class RunMonitor:
 
     def events_since(self, index: int) -> list[dict[str, Any]]:
         return self._events[index:]
+
+    def take_output(self) -> tuple[list[str], int]:
+        """The script's rank-0 lines not taken yet, and how many were dropped since the last take."""
+        return self._output.take()
 
     def finished(self, stopped: bool = False) -> bool:
         """Whether rank 0 reported the end of training, every checkpoint committed: of a run that

@@ -7,7 +7,8 @@ here; every supervisor polls for the round's verdict:
 - fail: a rank's own code failed (a user error), or the restarts are used up. A peer that only saw
   the failed rank go (a communication error) is the consequence, not the cause: any user error
   reported within SETTLE_S of the round's first failure decides the verdict.
-- restart: an infrastructure failure (a signal death, an OOM kill, a lost peer) or a hang verdict.
+- restart: an infrastructure failure (a signal death, an OOM kill, a lost peer), a hang verdict,
+  or a script's own exit with a non-zero status (`sys.exit(N)`: restarted, as torchrun does).
   Every supervisor stops its children and starts the next round's, in the same Ray Train workers,
   with TORCHELASTIC_RESTART_COUNT one higher. A lost worker or node is not seen here: Ray Train
   restarts the whole group for it, and that restart counts against the same budget.
@@ -79,7 +80,9 @@ class InPlaceRounds:
                 return self._decide({"action": FAIL, "failure": min(users, key=lambda f: f["rank"])})
             if not self.decisive and now - self.first_failure < SETTLE_S:
                 return {"action": WAIT}
-            cause = min(self.failures, key=lambda f: (not f.get("decisive"), f["rank"]))
+            # A signal death or a hang first; then a rank that exited on its own (sys.exit), whose
+            # peers' communication errors follow from it; then the lowest rank.
+            cause = min(self.failures, key=lambda f: (not f.get("decisive"), f.get("kind") != "exit", f["rank"]))
             if self.exhausted:
                 return self._decide({"action": FAIL, "failure": cause, "exhausted": True})
             self.restarts += 1

@@ -20,12 +20,27 @@ inside the run monitor, gives a verdict when
   group is in one of the phases above: peers blocked in the next collective while one rank
   checkpoints or starts up are waiting for it, not hung, and that rank has a limit of its own.
 Validation and the end of an epoch (the user's evaluation) are not timed.
+
+A torchrun script's ranks say less (runtime/script/supervisor.py): only their optimizer steps,
+and, measured by their agent, when their Python stack last moved and when their processes last
+used CPU. For them:
+- a rank that exited 0 is `finished`: never silent, never hung, whatever its peers still do;
+- a rank that has taken no optimizer step (an evaluation, preprocessing or inference script, a
+  hand-written update, or one still loading) is `working`: it has no phase limit, and is judged
+  by its liveness alone;
+- a rank counts as still when, for `hang_timeout_s`, it took no step and its stack did not move
+  (and, unless it is a `training` rank with every peer still running, its CPU time did not grow:
+  a long call into C moves no line of Python but uses CPU, while a rank spinning in an NCCL
+  collective uses CPU without progress). The group is hung when every unfinished rank is still:
+  one rank at work (a rank-0 evaluation, a save, an upload) keeps its waiting peers from a verdict.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from orchestrator.runtime.heartbeat import FINISHED
 
 TIMED_PHASE = "training"
 # The spec field that bounds each phase with a limit of its own.
@@ -46,6 +61,10 @@ class Beat:
     pid: int = 0
     # Where the training thread is (file:line in function), for the hang message.
     frame: str = ""
+    # A script's rank: seconds since its Python stack last moved, and since it last showed any
+    # sign of life (a step, its stack, its CPU time). None for the ctx and Lightning paths.
+    stack_idle_s: float | None = None
+    active_idle_s: float | None = None
     # When the monitor received it (the monitor's clock).
     received: float = 0.0
 
@@ -87,10 +106,15 @@ class HangWatchdog:
         limit = self.hang_timeout_s
         everyone = [self.beats.get(r) or Beat(r, 0, "starting", 0.0, received=self.started)
                     for r in range(self.world_size)]
+        # A rank that finished is done, not silent; its peers go on alone.
+        finished = [b for b in everyone if b.phase == FINISHED]
+        everyone = [b for b in everyone if b.phase != FINISHED]
+        if not everyone:
+            return None
         # Frozen ranks: silent while a peer still beats (with every rank silent there is no one
-        # to tell, and Ray's own health check takes over).
+        # to tell, and Ray's own health check takes over). A finished rank's agent beats for it.
         silent = [b for b in everyone if now - b.received > SILENT_AFTER_S]
-        if len(silent) == len(everyone):
+        if len(silent) == len(everyone) and not any(now - b.received <= SILENT_AFTER_S for b in finished):
             silent = []
         overlong = [b for b in self.beats.values()
                     if b.phase in self.phase_limits and b.idle_s > self.phase_limits[b.phase]]
@@ -98,7 +122,11 @@ class HangWatchdog:
         # and their stall counts from the last time a rank was seen there. (Beats are a second
         # apart: a peer's newest beat may still show the wait that just ended.)
         waiting_s = now - self.limited_seen
-        stalled = [b for b in self.beats.values() if b.phase == TIMED_PHASE and min(b.idle_s, waiting_s) > limit]
+        stalled = [b for b in everyone if b.phase == TIMED_PHASE and min(b.idle_s, waiting_s) > limit
+                   and b.stack_idle_s is None]
+        scripts = [b for b in everyone if b.active_idle_s is not None]
+        if scripts and not silent and len(scripts) == len(everyone):
+            stalled = self._still_scripts(everyone, bool(finished), limit)
         if any(now - b.received > limit for b in silent) or ((stalled or overlong) and silent):
             # A frozen rank stalls its peers too; it is the one to name.
             self.verdict = self._verdict("stopped answering", silent, now)
@@ -106,9 +134,23 @@ class HangWatchdog:
             phase = overlong[0].phase
             self.verdict = self._verdict(f"stayed in the {phase} phase", [b for b in overlong if b.phase == phase],
                                          now, self.phase_limits[phase], PHASE_LIMIT_FIELDS.get(phase))
+        elif stalled and stalled[0].active_idle_s is not None:
+            self.verdict = self._verdict("made no progress (no optimizer step, no move of its Python stack"
+                                         + (")" if stalled[0].phase == TIMED_PHASE and not finished
+                                            else " and no CPU time)"), stalled, now)
         elif stalled:
             self.verdict = self._verdict("made no progress", stalled, now)
         return self.verdict
+
+    @staticmethod
+    def _still_scripts(ranks: list[Beat], peer_finished: bool, limit: float) -> list[Beat]:
+        """A script's unfinished ranks, if every one of them is still (module docstring); else []."""
+        def still(b: Beat) -> bool:
+            if b.phase == TIMED_PHASE and not peer_finished:
+                return min(b.idle_s, b.stack_idle_s) > limit
+            return b.active_idle_s > limit
+
+        return ranks if all(still(b) for b in ranks) else []
 
     def _verdict(self, what: str, ranks: list[Beat], now: float, limit_s: float | None = None,
                  limit_field: str | None = None) -> dict[str, Any]:

@@ -15,6 +15,12 @@ lost, by cause:
 - capacity_wait: waiting for the cluster to have room for the workers (taken out of the
   startup and restart windows it overlaps);
 - other: the rest (evaluation between epochs, the end of the run, shutdown).
+
+A group's step time is what its ranks timed where they time it (a torchrun script's bootstrap
+reports the median time between rank 0's consecutive optimizer steps, `step_time_s` in its
+events), else its span: (last step's time - first's) / steps between them. A run with no group
+that timed two steps cannot be judged: its goodput is None, and `not_timed` says why, rather
+than a 0% that would read as a run that did nothing useful.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class _Group:
     last_step: int | None = None
     last_time: float | None = None
     stall_s: float = 0.0
+    # The step time the group's ranks measured themselves (a script's median), if they did.
+    timed_s: float | None = None
 
     def see(self, step: int, when: float) -> None:
         if self.first_time is None or when < self.first_time:
@@ -41,6 +49,8 @@ class _Group:
             self.last_step, self.last_time = step, when
 
     def step_time(self) -> float | None:
+        if self.timed_s:
+            return self.timed_s
         if self.last_step is None or self.first_step is None or self.last_step <= self.first_step:
             return None
         return (self.last_time - self.first_time) / (self.last_step - self.first_step)
@@ -67,6 +77,8 @@ def compute(events: list[dict[str, Any]], *, started: float, ended: float,
             stall = event.get("stall_s", event.get("checkpoint_stall_s"))
             if stall is not None:
                 groups[group].stall_s = float(stall)
+            if event.get("step_time_s"):
+                groups[group].timed_s = float(event["step_time_s"])
     for group, (step, when) in (last_steps or {}).items():
         if group in groups and step > groups[group].restored_step:
             groups[group].see(step, when)
@@ -100,20 +112,29 @@ def compute(events: list[dict[str, Any]], *, started: float, ended: float,
         lost[cause] += max(0.0, end - begin - waited)
     productive = max(0.0, productive - lost["checkpoint_stall"])
     lost["other"] = max(0.0, wall - productive - sum(lost.values()))
-    return {
+    timed = typical > 0 or any(g.step_time() for g in stepped)
+    result = {
         "wall_s": round(wall, 3),
         "productive_s": round(productive, 3),
         "lost_s": {k: round(v, 3) for k, v in lost.items()},
         "recomputed_steps": recomputed_steps,
-        "goodput": round(productive / wall, 4),
+        "goodput": round(productive / wall, 4) if timed else None,
         # 0 when no group has two distinct steps yet: productive time cannot be judged then.
         "step_time_s": round(typical, 6),
     }
+    if not timed:
+        steps = max((g.last_step - g.restored_step for g in stepped), default=0)
+        result["not_timed"] = (f"no start of the ranks timed two optimizer steps ({steps} step(s) seen): "
+                               "too short to tell productive time from the rest")
+    return result
 
 
 def describe(goodput: dict[str, Any]) -> str:
     """One line for the driver's final summary."""
     lost = ", ".join(f"{k} {v:.1f}" for k, v in goodput["lost_s"].items() if v >= 0.05)
+    if goodput.get("goodput") is None:
+        return (f"goodput not measured: {goodput.get('not_timed', 'no optimizer step was timed')}; "
+                f"{goodput['wall_s']:.1f} s wall; lost (s): {lost or 'none'}")
     return (f"goodput {goodput['goodput']:.1%}: {goodput['productive_s']:.1f} s productive of "
             f"{goodput['wall_s']:.1f} s wall; lost (s): {lost or 'none'}; "
             f"{goodput['recomputed_steps']} step(s) recomputed")

@@ -135,7 +135,7 @@ class RunMetrics:
             goodput = compute_goodput(self._goodput_events, started=self.started, ended=now)
             # Until some group has a step time, its steps are worth nothing in the sum: a 0 would
             # be a false alarm, so the gauge waits (a dashboard shows no value yet).
-            if goodput["step_time_s"] > 0:
+            if goodput["goodput"] is not None:
                 self.values["goodput"] = goodput["goodput"]
         for name, value in self.values.items():
             self._gauges[name].set(value, tags=self._tags)

@@ -39,6 +39,9 @@ HANG_EXIT_CODE = 75
 # rest are not timed (watchdog.py).
 STARTING, TRAINING, CHECKPOINT, VALIDATION, EPOCH_END, FINISHING = (
     "starting", "training", "checkpoint", "validation", "epoch_end", "finishing")
+# A torchrun script's rank says only this much (driver/watchdog.py judges it by its liveness): it
+# has taken no optimizer step yet, or it exited 0.
+WORKING, FINISHED = "working", "finished"
 
 
 class Heartbeat:

@@ -1,19 +1,25 @@
-"""What each rank of a torchrun script runs: the script itself, as `__main__`, plus three things.
+"""What each rank of a torchrun script runs: the script itself, as `__main__`, plus four things.
 
     python .../bootstrap.py (SCRIPT | -m MODULE) [ARGS...]
 
-- Progress: torch's public global optimizer hook counts optimizer steps into a small file the
-  node's supervisor reads every second (the heartbeat the hang watchdog judges).
+- Progress: torch's public global optimizer hook counts optimizer steps, and the median time
+  between consecutive ones, into a small file the node's agent reads every second (the heartbeat
+  the hang watchdog judges; the step time goodput counts).
+- Liveness beside the steps: a daemon thread looks at the main thread's Python stack once a
+  second and notes in the same file when it last moved, so that a script that never steps an
+  optimizer (evaluation, preprocessing, a hand-written update) is judged by whether it still runs.
 - Stacks on demand: faulthandler dumps every thread's Python stack into this rank's log on
-  ORCHESTRATOR_STACK_SIGNAL (the supervisor sends it, with SIGCONT, on a hang verdict).
+  ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, on a hang verdict).
 - The outcome: an uncaught exception is printed as Python prints it, classified with the same
-  rules as the other paths (orchestrator/failures.py) and written as JSON for the supervisor.
+  rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
+  `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
 
 It is run by path, not as `-m orchestrator...`, so that nothing is imported before the script
 but the standard library: no Ray, and torch only once the script imports it. The process dies
-with its supervisor (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
+with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
 """
 
+import collections
 import faulthandler
 import json
 import os
@@ -21,9 +27,19 @@ import runpy
 import signal
 import struct
 import sys
+import threading
 import time
 
-BEAT = struct.Struct("<qd")  # optimizer steps taken, time.monotonic() of the last one
+# The beat file: optimizer steps taken, time.monotonic() of the last one, the median seconds
+# between consecutive steps (0 before the second), time.monotonic() of the stack's last move.
+BEAT = struct.Struct("<qddd")
+STACK_OFFSET = 24
+# Steps whose intervals the median is taken over, and seconds between its updates.
+INTERVALS_KEPT = 64
+MEDIAN_EVERY_S = 0.5
+# Seconds between looks at the main thread's stack, and the frames compared.
+STACK_LOOK_S = 1.0
+STACK_DEPTH = 32
 
 
 def _die_with_parent() -> None:
@@ -50,14 +66,50 @@ def _take_niceness() -> None:
         pass
 
 
-def _count_optimizer_steps(path: str) -> None:
-    """Register the global optimizer hook once torch is imported (by the script, not by us)."""
+def _open_beat_file(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    now = time.monotonic()
+    os.pwrite(fd, BEAT.pack(0, now, 0.0, now), 0)
+    return fd
+
+
+def _watch_stack(fd: int) -> None:
+    """Note when the main thread's Python stack last moved (a thread of its own, once a second)."""
+    main = threading.main_thread().ident
+    last = None
+
+    def look() -> None:
+        nonlocal last
+        while True:
+            time.sleep(STACK_LOOK_S)
+            frame = sys._current_frames().get(main)
+            here = []
+            while frame is not None and len(here) < STACK_DEPTH:
+                here.append((id(frame.f_code), frame.f_lasti))
+                frame = frame.f_back
+            del frame
+            if here != last:
+                last = here
+                os.pwrite(fd, struct.pack("<d", time.monotonic()), STACK_OFFSET)
+
+    threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
+
+
+def _count_optimizer_steps(fd: int) -> None:
+    """Register the global optimizer hook once torch is imported (by the script, not by us)."""
     steps = [0]
+    intervals: collections.deque = collections.deque(maxlen=INTERVALS_KEPT)
+    timing = {"last": 0.0, "median": 0.0, "computed": 0.0}
 
     def stepped(optimizer, args, kwargs) -> None:
+        now = time.monotonic()
         steps[0] += 1
-        os.pwrite(fd, BEAT.pack(steps[0], time.monotonic()), 0)
+        if steps[0] > 1:
+            intervals.append(now - timing["last"])
+            if now - timing["computed"] >= MEDIAN_EVERY_S or len(intervals) < 4:
+                timing["median"], timing["computed"] = sorted(intervals)[len(intervals) // 2], now
+        timing["last"] = now
+        os.pwrite(fd, struct.pack("<qdd", steps[0], now, timing["median"]), 0)
 
     class _Finder:
         """Hooks torch.optim the moment the script imports it (an import hook, removed after)."""
@@ -98,7 +150,10 @@ def _write_failure(exc: BaseException, target: str) -> None:
 
 def _classified(exc: BaseException, target: str) -> dict:
     if isinstance(exc, SystemExit):
-        return {"kind": "user", "error": f"the script exited with status {exc.code}", "where": "", "signature": ""}
+        # The script's own choice (some exit non-zero on purpose to be restarted): torchrun
+        # restarts it, and so does its agent, within the restarts allowed.
+        return {"kind": "exit", "error": f"the script exited with status {exc.code} (sys.exit)", "where": "",
+                "signature": ""}
     from orchestrator.failures import WorkerFailure
 
     record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0"))).record
@@ -115,7 +170,9 @@ def main(argv: list[str]) -> int:
     stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
     faulthandler.register(stack_signal, file=sys.stderr, all_threads=True)
     if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
-        _count_optimizer_steps(os.environ["ORCHESTRATOR_BEAT_FILE"])
+        beats = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
+        _count_optimizer_steps(beats)
+        _watch_stack(beats)
     # Python's own start-up for `python SCRIPT` / `python -m MODULE`: argv, and sys.path[0].
     if argv[0] == "-m":
         target, module = argv[1], argv[1]

@@ -1,8 +1,9 @@
 """One node's K ranks of a torchrun script: their environment, their processes, their logs.
 
 `LocalRanks` starts the K children of one round (bootstrap.py running the script), copies each
-child's output into <run>/logs/rank-N.log (and rank 0's to the driver's console, through the
-supervisor), reads their optimizer-step counters, dumps their stacks, and stops them.
+child's output into its log (and rank 0's to the driver's console, through the agent), reads
+their optimizer-step counters and liveness, dumps their stacks, and stops them with everything
+they started (sessions.py). `Sweeper` ends what the ranks started if the agent itself is killed.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.failures import is_user_file
+from orchestrator.runtime.script import sessions
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
-BEAT = struct.Struct("<qd")  # bootstrap.BEAT: optimizer steps taken, monotonic time of the last one
+SESSIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sessions.py")
+# bootstrap.BEAT: optimizer steps, monotonic time of the last one, median seconds between steps,
+# monotonic time of the main thread's stack's last move.
+BEAT = struct.Struct("<qddd")
 STACK_SIGNAL = signal.SIGUSR2
 # Seconds a child has to end after SIGTERM before it is SIGKILLed (torchrun gives 30; a rank that is
 # being replaced has nothing left to save, and every second here is a second of the restart).
@@ -78,6 +83,16 @@ class Placement:
         }
 
 
+@dataclass(frozen=True)
+class RankProgress:
+    """What a rank's beat file says, on the agent's clock."""
+
+    steps: int
+    idle_s: float  # since the last optimizer step, or since the start
+    step_time_s: float  # median seconds between consecutive steps; 0 before the second
+    stack_idle_s: float  # since the main thread's Python stack last moved
+
+
 @dataclass
 class Child:
     local_rank: int
@@ -90,17 +105,17 @@ class Child:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
 
-    def progress(self) -> tuple[int, float]:
-        """(optimizer steps, seconds since the last one or since the start)."""
+    def progress(self) -> RankProgress:
         try:
             with open(self.beat_file, "rb") as f:
                 data = f.read(BEAT.size)
         except OSError:
             data = b""
-        if len(data) < BEAT.size:
-            return 0, time.monotonic() - self.started
-        steps, last = BEAT.unpack(data)
-        return steps, time.monotonic() - last
+        now = time.monotonic()
+        if len(data) < BEAT.size:  # the bootstrap has not started yet
+            return RankProgress(0, now - self.started, 0.0, now - self.started)
+        steps, last, step_time, stack_moved = BEAT.unpack(data)
+        return RankProgress(steps, now - last, step_time, now - stack_moved)
 
     def stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, a debugger): it takes no step and answers nothing."""
@@ -178,27 +193,59 @@ class LocalRanks:
                         where[child.rank] = place
         return where
 
+    @property
+    def sessions(self) -> set[int]:
+        """Each child's session id (its pid): what it started is found, and ended, by it."""
+        return {c.process.pid for c in self.children}
+
     def stop(self) -> None:
-        """End every child: SIGTERM (SIGCONT for a stopped one), then SIGKILL after TERM_GRACE_S."""
-        live = [c for c in self.children if c.process.poll() is None]
-        for child in live:
-            _signal(child, signal.SIGTERM)
-            _signal(child, signal.SIGCONT)
-        deadline = time.monotonic() + TERM_GRACE_S
-        for child in live:
-            try:
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(child, signal.SIGKILL)
+        """End every child and every process it started (its session), dead child or not:
+        SIGTERM (SIGCONT for a stopped one), then SIGKILL to what is left after TERM_GRACE_S."""
+        sessions.end_sessions(self.sessions, TERM_GRACE_S)
         for child in self.children:
-            child.process.wait()
+            try:
+                child.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # not in its session any more (it called setsid)
+                _signal(child, signal.SIGKILL)
+                child.process.wait()
             if child.reader is not None:
                 child.reader.join(timeout=5)
 
     def forward(self, signum: int) -> None:
+        """`signum` to every live child's process group, as torchrun's agent sends it (os.killpg):
+        its DataLoader workers and helpers get it too."""
         for child in self.children:
             if child.process.poll() is None:
-                _signal(child, signum)
+                try:
+                    os.killpg(child.process.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+class Sweeper:
+    """Ends the ranks' sessions when this agent dies without ending them (SIGKILL, a lost Ray
+    worker): a process of its own session, watching the agent (sessions.py --sweep). The agent
+    lists the current sessions in a file; `close()` removes the file, and the sweeper exits."""
+
+    def __init__(self, scratch: str):
+        self.path = os.path.join(scratch, "sessions")
+        sessions.write_sessions(self.path, set())
+        self.process = subprocess.Popen([sys.executable, SESSIONS, "--sweep", str(os.getpid()), self.path],
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def track(self, sids: set[int]) -> None:
+        sessions.write_sessions(self.path, sids)
+
+    def close(self) -> None:
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=sessions.SWEEP_POLL_S * 4 + 1)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def _signal(child: Child, signum: int) -> None:

@@ -6,10 +6,18 @@ torchrun gives them, and watches them:
 - a child that dies or fails is reported to the run monitor, which decides for every node
   (driver/rounds.py): restart every rank in place (the same Ray Train workers, no new placement),
   fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
-- every second the children's optimizer-step counters go to the run monitor as heartbeats, so
-  the hang watchdog judges an unmodified script as it judges the ctx path. A stopped child
-  (SIGSTOP) sends none. On a hang verdict every rank's stacks go into its log first;
-- rank 0's output is sent to the driver's console; every rank's goes to <run>/logs/rank-N.log.
+- every second the children's optimizer-step counters and liveness (when each one's Python stack
+  last moved, when its session last used CPU) go to the run monitor as heartbeats, and a child
+  that exited 0 is reported finished: the hang watchdog judges an unmodified script by what it
+  does, not by whether it steps an optimizer (driver/watchdog.py). A stopped child (SIGSTOP)
+  sends none. On a hang verdict every rank's stacks go into its log first;
+- rank 0's output is sent to the driver's console (best effort: a backlog past ECHO_BACKLOG
+  lines is dropped with a note, the log keeps everything); every rank's goes to
+  <run>/logs/rank-N.log, on every storage (on an object store, copied there at each end of the
+  ranks);
+- nothing the ranks start outlives them: each rank's session is ended with it, this process
+  adopts and reaps what its children orphan (a child subreaper), and a sweeper process ends the
+  ranks' sessions if this one is killed (children.py, sessions.py).
 
 The training itself runs in processes with no Ray in them. Only a lost worker or node goes
 through Ray Train's group restart (and counts against the same failure.max_failures).
@@ -30,12 +38,15 @@ from typing import Any
 import ray
 import ray.train
 
+from orchestrator import storage
 from orchestrator.failures import INFRASTRUCTURE, USER, FailureRecord, WorkerFailure
 from orchestrator.run_dir import RunDir
 from orchestrator.runtime.collectives import broadcast_object
 from orchestrator.runtime.handoff import WorkerConfig
-from orchestrator.runtime.heartbeat import HANG_EXIT_CODE, STARTING, TRAINING
-from orchestrator.runtime.script.children import RAY_TRAIN_VARS, LocalRanks, Placement
+from orchestrator.runtime.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, WORKING
+from orchestrator.runtime.script import sessions
+from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
+from orchestrator.runtime.script.rank_start import RankStart
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -54,6 +65,14 @@ BEAT_S = 1.0
 PROGRESS_S = 2.0
 # Seconds between batches of rank 0's output sent to the driver's console.
 ECHO_S = 0.3
+# Lines of rank 0's output held for the console at most: past that (a script printing faster than
+# the console shows), the oldest are dropped with a note; the rank's log keeps them all.
+ECHO_BACKLOG = 5000
+# CPU seconds a rank's session must use within one heartbeat to count as alive by its CPU: more
+# than the clock ticks the bootstrap's own look at the stack can add (1 tick = 10 ms).
+CPU_ALIVE_S = 0.02
+# A script's rank exits non-zero with a status it chose (sys.exit): restarted, as under torchrun.
+EXIT = "exit"
 
 
 def train_script(config: WorkerConfig) -> None:
@@ -71,6 +90,15 @@ class Supervisor:
         self.run_dir = RunDir.at(config.run_uri)
         _remove_stale_scratch()
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+        # Where each rank's log is written: the run's logs/ on a local or shared filesystem; on an
+        # object store, this node's scratch, copied to <run>/logs/ at each end of the ranks.
+        self.log_dir = config.log_dir or os.path.join(self.scratch, "logs")
+        # Orphans of the ranks' helpers are adopted here, and reaped, wherever they were started.
+        sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 1)
+        self.sweeper = Sweeper(self.scratch)
+        # Per rank: its session's CPU seconds at the last beat, and when they last grew.
+        self._cpu: dict[int, tuple[float, float]] = {}
+        self._echo_dropped = 0
         self.ranks: LocalRanks | None = None
         self.placement: Placement | None = None
         self.beat_key: tuple[int, int] = (0, 0)
@@ -117,7 +145,10 @@ class Supervisor:
             self._closing = True
             if self.ranks is not None:
                 self.ranks.stop()
+            self._end_orphans()
+            self.sweeper.close()
             self._flush_echo()
+            self._copy_logs()
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _begin(self, k: int) -> dict[str, Any]:
@@ -131,8 +162,11 @@ class Supervisor:
     def _start_round(self, group: int, round_: int, placement: Placement) -> None:
         self.beat_key = (group, round_)
         self.placement = placement
-        self.ranks = LocalRanks(self._command(), self._cwd(), self._child_env(placement), placement, self.scratch,
-                                self.config.log_dir, echo=self._echo)
+        start = RankStart(self.spec, self.config.script_context or {}, self.run_dir)
+        self.ranks = LocalRanks(start.command(), start.cwd(), start.env(placement), placement, self.scratch,
+                                self.log_dir, echo=self._echo)
+        self.sweeper.track(self.ranks.sessions)
+        self._cpu.clear()
         # One event per rank: the driver's "N workers up" line, summary.json's workers, failure places.
         # `group` counts every start of the ranks (in place or not): restarts = starts - 1.
         for child in self.ranks.children:
@@ -151,7 +185,10 @@ class Supervisor:
             if self.abort:
                 log.error("ending this node's ranks: %s", self.abort)
                 self.ranks.stop()
+                self._end_orphans()
+                self.sweeper.close()
                 self._flush_echo()
+                self._copy_logs()
                 os._exit(HANG_EXIT_CODE)
             if self.stop_requested and not stop_sent:
                 # As torchrun does with the signal it gets: every rank is sent SIGTERM (a script that
@@ -212,7 +249,9 @@ class Supervisor:
         if record is None:  # no Python exception: os._exit, or a crash in native code
             return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
                     "error": f"the process exited with status {code} without a Python exception"}
-        return {**place, **record, "decisive": record["kind"] != INFRASTRUCTURE}
+        # A user error decides at once; an infrastructure error or the script's own exit status
+        # waits SETTLE_S for a peer's user error that may be its cause (rounds.py).
+        return {**place, **record, "decisive": record["kind"] not in (INFRASTRUCTURE, EXIT)}
 
     def _end_round(self, verdict: dict[str, Any]) -> None:
         failure = verdict["failure"]
@@ -224,18 +263,36 @@ class Supervisor:
                 self.monitor.push.remote("stacks", ranks={str(r): w for r, w in stacks.items()},
                                          group=verdict["restarts"])
         self.ranks.stop()
+        self._end_orphans()
         self._flush_echo()
+        self._copy_logs()
 
     def _finish(self, stopped: bool) -> None:
         self._flush_echo()
         if self.worker != 0:
             return
-        steps, _ = self.ranks.children[0].progress()
+        progress = self.ranks.children[0].progress()
         # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
         ray.get(self.monitor.push.remote(
             "finished", weights_sha256=None, final_checkpoint=None, group=self.placement.restart_count + 1,
-            checkpoint_stall_s=0.0, final_flush_s=0.0, stopped=stopped, metrics={}, step=steps, epoch=0,
-            batch_in_epoch=0, consumed=0), timeout=60)
+            checkpoint_stall_s=0.0, final_flush_s=0.0, stopped=stopped, metrics={}, step=progress.steps, epoch=0,
+            batch_in_epoch=0, consumed=0, step_time_s=progress.step_time_s or None), timeout=60)
+
+    def _end_orphans(self) -> None:
+        keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
+        sessions.end_adopted(keep | {self.sweeper.process.pid})
+
+    def _copy_logs(self) -> None:
+        """On an object store, every rank's log of this node to <run>/logs/ (whole, each time)."""
+        if self.config.log_dir is not None or not os.path.isdir(self.log_dir):
+            return
+        target = self.run_dir.location.join("logs")
+        for name in sorted(os.listdir(self.log_dir)):
+            try:
+                with open(os.path.join(self.log_dir, name), "rb") as f:
+                    storage.write_atomic(target.join(name), f.read())
+            except OSError as exc:  # a log lost costs the log, never the run's outcome
+                log.warning("could not copy %s to %s: %s", name, target.uri, exc)
 
     def _fail(self, verdict: dict[str, Any]) -> None:
         failure = verdict.get("failure") or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.get("reason", "")}
@@ -249,56 +306,9 @@ class Supervisor:
         record = FailureRecord(rank=failure["rank"], kind=kind, error=failure["error"], where=failure.get("where", ""),
                                node_id=failure.get("node_id", ""), pid=failure.get("pid", 0),
                                hostname=failure.get("hostname", ""), signature=failure.get("signature", ""),
-                               note=note)
+                               fault=failure.get("fault", ""), note=note)
         where = f" (raised at {record.where})" if record.where else ""
         raise WorkerFailure(f"rank {record.rank}: {record.error}{where}", record)
-
-    # --- the children's environment --------------------------------------------------------------
-
-    def _command(self) -> list[str]:
-        values = {"{run_dir}": self._run_dir_text(), "{name}": self.spec.name, "{storage}": self.spec.storage}
-        args = []
-        for arg in self.script.args:
-            for key, value in values.items():
-                arg = arg.replace(key, value)
-            args.append(arg)
-        target = ["-m", self.script.module] if self.script.module else [self._script_path()]
-        return [*target, *args]
-
-    def _run_dir_text(self) -> str:
-        location = self.run_dir.location
-        return location.path if location.is_local else location.uri
-
-    def _cwd(self) -> str:
-        """The driver's directory where this node has it (a shared checkout), else this worker's."""
-        wanted = (self.config.script_context or {}).get("cwd")
-        return wanted if wanted and os.path.isdir(wanted) else os.getcwd()
-
-    def _script_path(self) -> str:
-        path = os.path.expanduser(self.script.path)
-        if os.path.isabs(path):
-            return path
-        for base in (self._cwd(), os.getcwd()):
-            if os.path.isfile(os.path.join(base, path)):
-                return os.path.join(base, path)
-        return path
-
-    def _child_env(self, placement: Placement) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS}
-        context = self.config.script_context or {}
-        # What the user's shell had in front of the command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS).
-        env.update(context.get("env") or {})
-        env.update(self.spec.env)
-        if "OMP_NUM_THREADS" not in (context.get("env") or {}) and "OMP_NUM_THREADS" not in self.spec.env:
-            env.pop("OMP_NUM_THREADS", None)  # Ray's, for the worker: the ranks get torchrun's rule
-            if placement.local_world_size > 1:
-                env["OMP_NUM_THREADS"] = "1"
-        env["ORCHESTRATOR_RUN_DIR"] = self._run_dir_text()
-        # Ray starts its workers at a lower priority (niceness 15); the ranks take the user's shell's.
-        env["ORCHESTRATOR_NICENESS"] = str(context.get("niceness", 0))
-        # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
 
     # --- heartbeats, progress and rank 0's output --------------------------------------------------
 
@@ -323,38 +333,64 @@ class Supervisor:
 
     def _beat(self) -> None:
         ranks, key = self.ranks, self.beat_key
+        now = time.monotonic()
+        cpu = sessions.cpu_seconds(ranks.sessions)
         replies = []
         for child in ranks.children:
-            if child.process.poll() is not None or child.stopped():
+            progress = child.progress()
+            code = child.process.poll()
+            if code is not None:
+                if code == 0 or self._crashed_after_end(child, code):
+                    replies.append(self.monitor.beat.remote(
+                        key, rank=child.rank, step=progress.steps, phase=FINISHED, idle_s=0.0,
+                        node_id=self.node_id, pid=child.process.pid))
+                continue  # a failed child is reported as the round's outcome
+            if child.stopped():
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
-            steps, idle = child.progress()
+            used = cpu.get(child.process.pid, 0.0)
+            before, alive_at = self._cpu.get(child.rank, (used, now - progress.idle_s))
+            if used - before >= CPU_ALIVE_S:
+                alive_at = now
+            self._cpu[child.rank] = (used, alive_at)
+            active_idle = min(progress.idle_s, progress.stack_idle_s, now - alive_at)
             replies.append(self.monitor.beat.remote(
-                key, rank=child.rank, step=steps, phase=TRAINING if steps else STARTING, idle_s=idle,
-                node_id=self.node_id, pid=child.process.pid))
+                key, rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
+                idle_s=progress.idle_s, node_id=self.node_id, pid=child.process.pid,
+                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle))
         for reply in ray.get(replies, timeout=10):
             self.stop_requested = self.stop_requested or bool(reply.get("stop"))
             if reply.get("abort"):
                 self.abort = reply["abort"]
 
     def _progress(self) -> None:
-        child = self.ranks.children[0]
-        steps, _ = child.progress()
+        progress = self.ranks.children[0].progress()
+        steps = progress.steps
         if not steps or steps == self._last_progress_step:
             return
         self._last_progress_step = steps
         first = not self._first_step_seen
         self._first_step_seen = True
+        # step_time_s: the median time between rank 0's consecutive optimizer steps, as the
+        # bootstrap timed them (goodput counts the steps by it).
         self.monitor.push.remote("progress", step=steps, epoch=0, batch_in_epoch=1, consumed=0, metrics={},
                                  samples_per_s=None, group=self.placement.restart_count + 1, first_step=first,
-                                 stall_s=0.0, script=True)
+                                 stall_s=0.0, script=True, step_time_s=progress.step_time_s or None)
 
     def _echo(self, line: str) -> None:
         with self._echo_lock:
             self._echoed.append(line)
+            if len(self._echoed) > ECHO_BACKLOG:
+                drop = len(self._echoed) - ECHO_BACKLOG // 2
+                del self._echoed[:drop]
+                self._echo_dropped += drop
 
     def _flush_echo(self) -> None:
         with self._echo_lock:
             lines, self._echoed = self._echoed, []
+            dropped, self._echo_dropped = self._echo_dropped, 0
+        if dropped:
+            lines.insert(0, f"[orchestrator: {dropped} line(s) of rank 0's output not shown here, printed faster "
+                            f"than the console shows them; they are in its log, rank-0.log]")
         if lines:
             self.monitor.push.remote("output", rank=0, lines=lines)
 

@@ -1,0 +1,180 @@
+"""A rank's processes, found by its session: what it forked is ended with it, and counted with it.
+
+Each rank starts in a session of its own (its pid is the session id), so every process it starts
+(a `subprocess`, a `multiprocessing.Pool`, DataLoader workers) is in that session unless it
+starts one of its own. What a rank leaves is found by that id, wherever the kernel reparented it:
+its helpers outlive it with PPID 1 otherwise (torchelastic closes its workers with `os.killpg`
+for the same reason).
+
+- `members(sid)` and `cpu_seconds(sids)` read /proc: the agent times each rank's liveness by the
+  CPU its whole session uses (a rank waiting on its DataLoader workers is alive while they work);
+- `end_sessions(sids)` ends every member: SIGTERM (SIGCONT for a stopped one), SIGKILL after a grace;
+- `python sessions.py --sweep AGENT_PID FILE` is the sweeper: a process the agent starts in a
+  session of its own that outlives it. When the agent dies (SIGKILL, a lost Ray worker), it ends
+  every session listed in FILE (the agent rewrites it at each start of its ranks), then exits.
+
+Standard library only: the sweeper runs by path, with nothing of the orchestrator or Ray imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+# prctl(2) options.
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# Seconds between the sweeper's looks at its agent.
+SWEEP_POLL_S = 0.5
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None for a gone process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def members(sids: set[int]) -> dict[int, int]:
+    """Every live process in one of the sessions `sids`: pid -> its session id (zombies left out)."""
+    found = {}
+    for pid in _pids():
+        fields = _stat(pid)
+        # Fields after the command: state, ppid, pgrp, session, ...
+        if fields and fields[0] != "Z" and int(fields[3]) in sids:
+            found[pid] = int(fields[3])
+    return found
+
+
+def cpu_seconds(sids: set[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each session's live processes have used: sid -> seconds."""
+    used = dict.fromkeys(sids, 0.0)
+    for pid in _pids():
+        fields = _stat(pid)
+        if fields and int(fields[3]) in used:
+            # utime, stime: fields 14 and 15 of stat(5), 12 and 13 after the command.
+            used[int(fields[3])] += (int(fields[11]) + int(fields[12])) / _TICK
+    return used
+
+
+def _signal_all(pids, signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_sessions(sids: set[int], grace_s: float = 2.0) -> int:
+    """End every process of the sessions `sids`: SIGTERM and SIGCONT, then SIGKILL to what is left
+    after `grace_s`. Returns how many processes it found."""
+    if not sids:
+        return 0
+    found = members(sids)
+    if not found:
+        return 0
+    _signal_all(found, signal.SIGTERM)
+    _signal_all(found, signal.SIGCONT)  # a stopped process acts on the SIGTERM only once continued
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not members(sids):
+            return len(found)
+        time.sleep(0.05)
+    _signal_all(members(sids), signal.SIGKILL)
+    return len(found)
+
+
+def prctl(option: int, value: int) -> bool:
+    """prctl(2) on this process; False where the OS has none (not Linux)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(parent: int) -> list[int]:
+    """The live (not yet exited) children of `parent`."""
+    found = []
+    for pid in _pids():
+        fields = _stat(pid)
+        if fields and fields[0] != "Z" and int(fields[1]) == parent:
+            found.append(pid)
+    return found
+
+
+def reap_adopted(keep: set[int]) -> list[int]:
+    """Wait for this process's exited children that are not in `keep` (the ranks, whose status
+    subprocess reads): orphans adopted as the subreaper. Returns their pids."""
+    me = os.getpid()
+    reaped = []
+    for pid in _pids():
+        if pid in keep:
+            continue
+        fields = _stat(pid)
+        if fields and fields[0] == "Z" and int(fields[1]) == me:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                reaped.append(pid)
+            except ChildProcessError:
+                pass
+    return reaped
+
+
+def end_adopted(keep: set[int], wait_s: float = 2.0) -> None:
+    """For a subreaper: end what its children orphaned outside their sessions (a daemon that
+    called setsid) and it adopted, all but `keep`, and reap every adopted zombie."""
+    me = os.getpid()
+    _signal_all([pid for pid in children_of(me) if pid not in keep], signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while True:
+        reap_adopted(keep)
+        if not [pid for pid in children_of(me) if pid not in keep] or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def write_sessions(path: str, sids: set[int]) -> None:
+    """The sweeper's list of sessions to end, replaced atomically."""
+    with open(path + ".partial", "w") as f:
+        f.write("\n".join(str(s) for s in sorted(sids)))
+    os.replace(path + ".partial", path)
+
+
+def _read_sessions(path: str) -> set[int]:
+    try:
+        with open(path) as f:
+            return {int(line) for line in f.read().split() if line.isdigit()}
+    except OSError:
+        return set()
+
+
+def sweep(agent_pid: int, path: str) -> int:
+    """The sweeper's loop: once `agent_pid` is gone, end every session listed in `path`."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only its agent's end ends it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        fields = _stat(agent_pid)
+        if fields is None or fields[0] == "Z" or not os.path.exists(path):
+            break
+        time.sleep(SWEEP_POLL_S)
+    # The file is gone when the agent ended its ranks itself (a finished or failed run).
+    end_sessions(_read_sessions(path))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "--sweep":
+        print("usage: sessions.py --sweep AGENT_PID FILE", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(sweep(int(sys.argv[2]), sys.argv[3]))
