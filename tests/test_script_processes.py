@@ -67,9 +67,10 @@ def test_a_rank_is_ended_with_every_process_it_started_even_after_it_died_itself
     script.write_text(HELPERS)
     ranks = LocalRanks([str(script), str(tmp_path)], cwd=str(tmp_path), base_env=dict(os.environ),
                        placement=_placement(2), scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
-    seen = _pids(tmp_path, 2)
-    helpers = [pid for s in seen for pid in s["helpers"]]
+    helpers: list[int] = []
     try:
+        seen = _pids(tmp_path, 2)
+        helpers = [pid for s in seen for pid in s["helpers"]]
         os.kill(seen[1]["rank"], signal.SIGKILL)  # rank 1 dies: its helpers are orphaned, still running
         wait_for(lambda: ranks.children[1].process.poll() is not None, timeout=10)
         assert _alive(seen[1]["helpers"][0])  # its `sleep` (a Pool worker notices its parent's end itself)
@@ -77,6 +78,7 @@ def test_a_rank_is_ended_with_every_process_it_started_even_after_it_died_itself
         assert [pid for pid in helpers if _alive(pid)] == []
         assert all(c.process.returncode is not None for c in ranks.children)
     finally:
+        ranks.stop()  # first: a Pool whose worker is killed starts another
         _kill_all(helpers)
 
 
@@ -85,8 +87,9 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace(tmp_path):
     script.write_text(HELPERS)
     ranks = LocalRanks([str(script), str(tmp_path)], cwd=str(tmp_path), base_env={**os.environ, "IGNORE_TERM": "1"},
                        placement=_placement(1), scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
-    seen = _pids(tmp_path, 1)
+    seen = [{"rank": ranks.children[0].process.pid, "helpers": []}]
     try:
+        seen = _pids(tmp_path, 1)
         started = time.monotonic()
         ranks.stop()
         took = time.monotonic() - started
@@ -94,6 +97,7 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace(tmp_path):
         assert TERM_GRACE_S <= took < TERM_GRACE_S + 20
         assert not _alive(seen[0]["rank"]) and not any(_alive(pid) for pid in seen[0]["helpers"])
     finally:
+        ranks.stop()
         _kill_all([seen[0]["rank"], *seen[0]["helpers"]])
 
 
@@ -120,10 +124,12 @@ def test_when_the_agent_is_sigkilled_its_ranks_die_with_it_and_the_sweeper_ends_
     (tmp_path / "agent.py").write_text(AGENT.format(repo=REPO))
     agent = subprocess.Popen([sys.executable, str(tmp_path / "agent.py"), str(tmp_path),
                               "sweeper" if with_sweeper else "none"], stdout=subprocess.PIPE, text=True)
-    seen = _pids(tmp_path, 2)
-    ranks = [s["rank"] for s in seen]
-    helpers = [pid for s in seen for pid in s["helpers"]]
+    ranks: list[int] = []
+    helpers: list[int] = []
     try:
+        seen = _pids(tmp_path, 2)
+        ranks = [s["rank"] for s in seen]
+        helpers = [pid for s in seen for pid in s["helpers"]]
         agent.kill()
         agent.wait()
         # PR_SET_PDEATHSIG: each rank is SIGKILLed the moment its agent dies.
@@ -134,4 +140,8 @@ def test_when_the_agent_is_sigkilled_its_ranks_die_with_it_and_the_sweeper_ends_
             time.sleep(1)
             assert all(_alive(s["helpers"][0]) for s in seen)
     finally:
-        _kill_all(ranks + helpers)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        _kill_all(ranks)  # first: a Pool whose worker is killed starts another
+        _kill_all(helpers)
