@@ -67,7 +67,7 @@ PROGRESS_S = 2.0
 ECHO_S = 0.3
 # Lines of rank 0's output held for the console at most: past that (a script printing faster than
 # the console shows), the oldest are dropped with a note; the rank's log keeps them all.
-ECHO_BACKLOG = 5000
+ECHO_BACKLOG = 20_000
 # CPU seconds a rank's session must use within one heartbeat to count as alive by its CPU: more
 # than the clock ticks the bootstrap's own look at the stack can add (1 tick = 10 ms).
 CPU_ALIVE_S = 0.02
