@@ -16,6 +16,7 @@ import time
 import pytest
 from conftest import REPO, wait_for
 
+from orchestrator.cluster.processes import is_alive
 from orchestrator.runtime.script.children import TERM_GRACE_S, LocalRanks, Placement
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,14 +35,6 @@ HELPERS = textwrap.dedent("""
     os.replace(out + ".partial", out)
     time.sleep(600)
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _placement(k: int) -> Placement:
@@ -73,9 +66,9 @@ def test_a_rank_is_ended_with_every_process_it_started_even_after_it_died_itself
         helpers = [pid for s in seen for pid in s["helpers"]]
         os.kill(seen[1]["rank"], signal.SIGKILL)  # rank 1 dies: its helpers are orphaned, still running
         wait_for(lambda: ranks.children[1].process.poll() is not None, timeout=10)
-        assert _alive(seen[1]["helpers"][0])  # its `sleep` (a Pool worker notices its parent's end itself)
+        assert is_alive(seen[1]["helpers"][0])  # its `sleep` (a Pool worker notices its parent's end itself)
         ranks.stop()
-        assert [pid for pid in helpers if _alive(pid)] == []
+        assert [pid for pid in helpers if is_alive(pid)] == []
         assert all(c.process.returncode is not None for c in ranks.children)
     finally:
         ranks.stop()  # first: a Pool whose worker is killed starts another
@@ -95,7 +88,7 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace(tmp_path):
         took = time.monotonic() - started
         assert ranks.children[0].process.returncode == -signal.SIGKILL
         assert TERM_GRACE_S <= took < TERM_GRACE_S + 20
-        assert not _alive(seen[0]["rank"]) and not any(_alive(pid) for pid in seen[0]["helpers"])
+        assert not is_alive(seen[0]["rank"]) and not any(is_alive(pid) for pid in seen[0]["helpers"])
     finally:
         ranks.stop()
         _kill_all([seen[0]["rank"], *seen[0]["helpers"]])
@@ -133,12 +126,12 @@ def test_when_the_agent_is_sigkilled_its_ranks_die_with_it_and_the_sweeper_ends_
         agent.kill()
         agent.wait()
         # PR_SET_PDEATHSIG: each rank is SIGKILLed the moment its agent dies.
-        wait_for(lambda: not any(_alive(pid) for pid in ranks), timeout=10)
+        wait_for(lambda: not any(is_alive(pid) for pid in ranks), timeout=10)
         if with_sweeper:
-            wait_for(lambda: not any(_alive(pid) for pid in helpers), timeout=15)
+            wait_for(lambda: not any(is_alive(pid) for pid in helpers), timeout=15)
         else:  # without it, what the ranks started is orphaned and runs on: the sweeper's reason to be
             time.sleep(1)
-            assert all(_alive(s["helpers"][0]) for s in seen)
+            assert all(is_alive(s["helpers"][0]) for s in seen)
     finally:
         if agent.poll() is None:
             agent.kill()

@@ -16,18 +16,11 @@ import pytest
 from conftest import REPO
 
 from orchestrator import storage
+from orchestrator.cluster.processes import is_alive
 
 pytestmark = pytest.mark.slow
 
 ODD = os.path.join("tests", "torchrun_odd.py")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _torchrun(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -71,7 +64,7 @@ def test_sys_exit_restarts_in_place_and_no_process_ray_variable_or_log_is_left_b
 
     helpers = _helper_pids(work)
     assert len(helpers) == 2 * 2 * 3  # two helpers, two ranks, three starts
-    assert [pid for pid in helpers if _alive(pid)] == []
+    assert [pid for pid in helpers if is_alive(pid)] == []
 
     assert json.load(open(work / "env-0.json")) == [] and json.load(open(work / "env-1.json")) == []
 
@@ -99,4 +92,4 @@ def test_a_failed_run_leaves_none_of_the_processes_its_ranks_started(tmp_path):
     done = _torchrun("--storage", str(tmp_path), "--name", "bug", ODD, "--mode", "bug", "--work_dir", str(work))
     assert done.returncode == 1 and "ValueError: a bug after the helpers started" in done.stderr, done.stderr[-3000:]
     helpers = _helper_pids(work)
-    assert len(helpers) == 4 and [pid for pid in helpers if _alive(pid)] == []
+    assert len(helpers) == 4 and [pid for pid in helpers if is_alive(pid)] == []
