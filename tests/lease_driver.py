@@ -26,6 +26,7 @@ import sys
 import time
 
 import pyarrow.fs as pafs
+from local_fs_handler import LocalThroughPython
 
 
 def write_whole(path: str, text: str) -> None:
@@ -34,72 +35,24 @@ def write_whole(path: str, text: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-class StallingFS(pafs.FileSystemHandler):
+class StallingFS(LocalThroughPython):
     """The local filesystem, seen through pyarrow's Python filesystem: every write waits while the
     `stall` file exists. Not a LocalFileSystem, so the lease treats it as an object store."""
 
     def __init__(self, stall: str, stalled: str):
-        self.local = pafs.LocalFileSystem()
+        super().__init__()
         self.stall, self.stalled = stall, stalled
 
-    def _wait_while_stalled(self) -> None:
+    def before_write(self, path: str) -> None:
         if os.path.exists(self.stall):
             write_whole(self.stalled, "stalled")
             while os.path.exists(self.stall):
                 time.sleep(0.01)
 
-    def get_type_name(self):
-        return "stalling-local"
-
-    def equals(self, other):
-        return self is other
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self.local.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.local.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.local.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.local.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise OSError("not supported")
-
-    def delete_file(self, path):
-        self.local.delete_file(path)
-
-    def move(self, src, dest):
-        self._wait_while_stalled()
-        self.local.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self._wait_while_stalled()
-        self.local.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.local.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.local.open_input_file(path)
-
     def open_output_stream(self, path, metadata):
-        self._wait_while_stalled()
+        self.before_write(path)
         self.local.create_dir(os.path.dirname(path), recursive=True)  # an object store has no folders to make
         return self.local.open_output_stream(path)
-
-    def open_append_stream(self, path, metadata):
-        self._wait_while_stalled()
-        return self.local.open_append_stream(path)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import pickle
 
 import pyarrow.fs as pafs
 import pytest
+from local_fs_handler import LocalThroughPython
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state, files, loads_state
@@ -41,72 +42,19 @@ def s3_throttled(path: str) -> OSError:
                    "operation: Please reduce your request rate.")
 
 
-class FlakyFiles(pafs.FileSystemHandler):
+class FlakyFiles(LocalThroughPython):
     """The local filesystem, except that opening a file whose path ends with `suffix` raises
     `error(path)` (EIO by default) the first `failures` times (EVERY_TIME: always)."""
 
     def __init__(self, suffix: str = "", failures: int = 0, error=eio):
-        self.local = pafs.LocalFileSystem()
+        super().__init__()
         self.suffix, self.failures, self.error, self.opens = suffix, failures, error, 0
 
-    def _open(self, path: str):
+    def before_read(self, path: str) -> None:
         if self.suffix and path.endswith(self.suffix):
             self.opens += 1
             if self.opens <= self.failures:
                 raise self.error(path)
-
-    def open_input_stream(self, path):
-        self._open(path)
-        return self.local.open_input_stream(path)
-
-    def open_input_file(self, path):
-        self._open(path)
-        return self.local.open_input_file(path)
-
-    def get_type_name(self):
-        return "flaky-local"
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self.local.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.local.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.local.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.local.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise OSError(errno.EPERM, "not in a test")
-
-    def delete_file(self, path):
-        self.local.delete_file(path)
-
-    def move(self, src, dest):
-        self.local.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.local.copy_file(src, dest)
-
-    def open_output_stream(self, path, metadata):
-        return self.local.open_output_stream(path)
-
-    def open_append_stream(self, path, metadata):
-        return self.local.open_append_stream(path)
-
-    def __eq__(self, other):
-        return self is other
-
-    def __ne__(self, other):
-        return self is not other
 
 
 @pytest.fixture(autouse=True)
