@@ -17,7 +17,7 @@ from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from orchestrator.driver.classifier import FailureClassifier, classify_failure
 from orchestrator.driver.monitor import RunMonitor
-from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.driver.watchdog import HangWatchdog
 from orchestrator.errors import LeaseLost
 from orchestrator.failures import (
     DIED,
@@ -33,6 +33,7 @@ from orchestrator.failures import (
     UserCodeFailed,
     WorkerFailure,
 )
+from orchestrator.protocol import Beat, RankStarted
 
 HANG_TIMEOUT_S = 30.0
 NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
@@ -47,10 +48,10 @@ def _monitor(max_restarts: int | None = None):
 
 
 def _start_group(monitor) -> None:
-    group = monitor.begin_group(len(NODES), workers=len(NODES))["group"]
+    attempt = monitor.begin_group(len(NODES), workers=len(NODES)).attempt
     for rank, (node_id, hostname, pid) in NODES.items():
-        monitor.push("worker_started", rank=rank, group=group, node_id=node_id, hostname=hostname, pid=pid,
-                     world_size=len(NODES), restored_from=None, restored_step=None)
+        monitor.push(RankStarted(rank=rank, attempt=attempt, node_id=node_id, hostname=hostname, pid=pid,
+                                 world_size=len(NODES)))
 
 
 def _raised(function) -> BaseException:
@@ -84,9 +85,9 @@ def test_each_failed_rank_is_recorded_with_the_node_host_and_process_it_ran_on_a
     assert decision.kind == INFRASTRUCTURE and decision.end is None  # Ray Train retries it
     assert [(r.rank, r.node_id, r.hostname, r.pid) for r in decision.records] == [
         (rank, *NODES[rank]) for rank in (0, 1)]
-    payload = decision.payload()
-    assert payload["classification"] == INFRASTRUCTURE and not payload["exhausted"] and payload["hang"] is None
-    assert [r["hostname"] for r in payload["ranks"]] == ["node-a", "node-b"]
+    event = decision.event()
+    assert event.classification == INFRASTRUCTURE and not event.exhausted and event.hang is None
+    assert [r["hostname"] for r in event.ranks] == ["node-a", "node-b"]
     # A rank the monitor never saw start is recorded without a place.
     unknown = classify_failure({5: _worker(_peer_gone, 5)}, _monitor().failure_context(), HANG_TIMEOUT_S)
     assert (unknown.records[0].node_id, unknown.records[0].hostname, unknown.records[0].pid) == ("", "", 0)
@@ -94,23 +95,23 @@ def test_each_failed_rank_is_recorded_with_the_node_host_and_process_it_ran_on_a
 
 def test_a_worker_the_hang_watchdog_ended_is_recorded_as_the_hang_and_not_as_a_lost_worker():
     watchdog = HangWatchdog(HANG_TIMEOUT_S)
-    watchdog.new_group(1, 2, now=0.0)
+    watchdog.new_attempt(1, 2, now=0.0)
     watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=1.0)
     watchdog.observe(1, Beat(rank=1, step=12, phase="training", idle_s=0.0), now=1.0)
     verdict = watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=HANG_TIMEOUT_S + 2)
-    assert verdict is not None and verdict["ranks"] == [1]  # rank 1 stopped answering
+    assert verdict is not None and verdict.ranks == [1]  # rank 1 stopped answering
     # The worker that the verdict made end itself, as Ray Train's health check reports it.
     died = WorkerHealthCheckFailedError("Worker health check failed.", ray.exceptions.RayActorError())
 
     without = classify_failure({1: died}, _monitor().failure_context(), HANG_TIMEOUT_S)
     assert without.kind == INFRASTRUCTURE and without.records[0].error.startswith(DIED)
 
-    view = {**_monitor().failure_context(), "hang": verdict}
+    view = {**_monitor().failure_context(), "hang": verdict.to_record()}
     decision = classify_failure({1: died}, view, HANG_TIMEOUT_S)
     record = decision.records[0]
     assert decision.kind == HANG and record.kind == HANG and decision.end is None
-    assert record.error == "ended by the hang watchdog: " + verdict["message"]
-    assert decision.payload()["hang"] == verdict
+    assert record.error == "ended by the hang watchdog: " + verdict.message
+    assert decision.event().hang == verdict.to_record()
     # A rank's own error is not the watchdog's doing, even while a verdict stands.
     bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
     assert bug.records[0].kind == USER and isinstance(bug.end, UserCodeFailed)
@@ -120,7 +121,7 @@ def test_an_error_back_at_the_same_step_after_a_restart_ends_the_run_as_the_user
     monitor = _monitor()
     first = classify_failure({0: _worker(_damaged_page, 0, step=31)}, monitor.failure_context(), HANG_TIMEOUT_S)
     assert first.kind == INFRASTRUCTURE and first.end is None and first.records[0].signature  # maybe a hiccup
-    monitor.push("failure", **first.payload())
+    monitor.push(first.event())
     _start_group(monitor)  # Ray Train restarted the group from the newest checkpoint
 
     elsewhere = classify_failure({0: _worker(_damaged_page, 0, step=57)}, monitor.failure_context(), HANG_TIMEOUT_S)
@@ -142,7 +143,7 @@ def test_a_gpu_hardware_fault_is_retried_with_the_node_to_drain_in_its_note():
     record = decision.records[0]
     assert decision.kind == INFRASTRUCTURE and decision.end is None and record.fault == GPU
     assert f"ray drain-node --node-id {NODES[1][0]}" in record.note and "(host node-b)" in record.note
-    assert decision.payload()["ranks"][0]["note"] == record.note  # what the console and summary.json show
+    assert decision.event().ranks[0]["note"] == record.note  # what the console and summary.json show
 
 
 def test_a_bug_in_the_training_code_ends_the_run_at_once_as_that_ranks_and_not_as_its_peers():
@@ -162,7 +163,7 @@ def test_a_run_being_stopped_is_not_restarted_whatever_failed():
     decision = classify_failure({0: _worker(_bug, 0), 1: _worker(_peer_gone, 1)}, monitor.failure_context(),
                                 HANG_TIMEOUT_S)
     assert decision.kind == STOPPED and isinstance(decision.end, RunStoppedOnController)
-    assert decision.payload()["classification"] == STOPPED
+    assert decision.event().classification == STOPPED
 
 
 def test_a_run_another_driver_took_over_ends_as_taken_over_without_a_retry():
@@ -190,12 +191,12 @@ def test_restarts_used_up_end_the_run_with_the_last_failure_but_a_bug_still_ends
     assert view["restarts_exhausted"]
 
     decision = classify_failure({1: _worker(_peer_gone, 1)}, view, HANG_TIMEOUT_S)
-    assert decision.kind == INFRASTRUCTURE and decision.payload()["exhausted"]
+    assert decision.kind == INFRASTRUCTURE and decision.event().exhausted
     assert isinstance(decision.end, RestartsExhausted) and decision.end.message.startswith(view["restarts_exhausted"])
     assert "; the last failure (infrastructure): rank 1: RuntimeError: " in decision.end.message
 
     bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
-    assert type(bug.end) is UserCodeFailed and not bug.payload()["exhausted"]
+    assert type(bug.end) is UserCodeFailed and not bug.event().exhausted
 
 
 def test_the_callback_classifies_and_ends_the_run_even_when_the_monitor_cannot_be_reached(caplog):

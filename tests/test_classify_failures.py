@@ -42,6 +42,7 @@ from orchestrator.failures import (
     describe_ray_error,
 )
 from orchestrator.observe.result import RunResult, write_summary
+from orchestrator.protocol import Failure, RankStarted
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import validate
 
@@ -74,9 +75,10 @@ def _view(places: dict[int, tuple[str, str, int]]) -> dict:
     """What the run monitor tells Ray Train's controller of a group whose ranks started at
     `places` (rank -> node id, host, pid): from a real RunMonitor (the object inside the actor)."""
     monitor = RunMonitor.__ray_actor_class__(30.0)
-    group = monitor.begin_group(len(places))["group"]
+    attempt = monitor.begin_group(len(places)).attempt
     for rank, (node_id, hostname, pid) in places.items():
-        monitor.push("worker_started", rank=rank, group=group, node_id=node_id, hostname=hostname, pid=pid)
+        monitor.push(RankStarted(rank=rank, attempt=attempt, world_size=len(places), node_id=node_id,
+                                 hostname=hostname, pid=pid))
     return monitor.failure_context()
 
 
@@ -154,8 +156,7 @@ def test_a_repeated_failure_is_told_as_the_datas_not_as_a_bug_in_the_training_co
     assert message.startswith("run 'damaged' failed on attempt 2: rank 0: ParquetReadError: data.train.path: "
                               f"row group 5 of '{damaged}'")
     assert "same step (31)" in message and "the data" in message and "error in the training code" not in message
-    line = RunWatcher(None, job, print)._format({"kind": "failure", "classification": USER, "ranks": [asdict(record)],
-                                                "time": 0.0})
+    line = RunWatcher(None, job, print)._format(Failure(classification=USER, ranks=[asdict(record)]))
     assert "came back at the same step" in line and "error in the training code" not in line
 
 
@@ -197,13 +198,13 @@ def test_a_gpu_fault_names_the_node_and_how_to_drain_it(tmp_path):
     assert f"ray drain-node --node-id {node} --reason DRAIN_NODE_REASON_PREEMPTION" in record.note
     job = validate({"name": "ecc", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1},
                     "failure": {"max_failures": 1}})
-    event = {"kind": "failure", **decision.payload(), "time": 0.0}
+    event = decision.event()
     line = RunWatcher(None, job, print)._format(event)
     assert "host gpu-node-7" in line and f"--node-id {node}" in line and "restarting" in line
     # After the last retry, the run's message still names the node to drain.
     run_dir = storage.resolve(str(tmp_path / "ecc"))
     result = RunResult(name="ecc", status="failed", run_dir=run_dir.uri, world_size=2, global_step=40, epochs=0,
-                       restarts=1, failures=[{k: v for k, v in event.items() if k != "kind"}])
+                       restarts=1, failures=[{k: v for k, v in event.to_record().items() if k != "kind"}])
     error = ray.train.WorkerGroupError("worker group failed", {1: WorkerFailure.from_exception(
         _cuda_error("uncorrectable ECC error encountered", 214), rank=1)})
     message = describe_failure(job, error, run_dir, result, None)
@@ -253,12 +254,12 @@ def test_a_run_taken_over_by_another_driver_is_taken_over_not_a_bug_in_the_train
     assert faults.overall([record, peer], None, False) == faults.TAKEN_OVER
 
     job = validate({"name": "taken", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1}})
-    line = RunWatcher(None, job, print)._format({"kind": "failure", "classification": faults.TAKEN_OVER,
-                                                "ranks": [asdict(record), asdict(peer)], "time": 0.0})
+    line = RunWatcher(None, job, print)._format(Failure(classification=faults.TAKEN_OVER,
+                                                        ranks=[asdict(record), asdict(peer)]))
     assert "another driver took the run over" in line and "error in the training code" not in line
     error = ray.train.ControllerError(faults.RunTakenOver(record.describe(), [asdict(record)]))
-    result = RunResult.from_events(job, run_dir.location, [{"kind": "failure", "classification": faults.TAKEN_OVER,
-                                                            "ranks": [asdict(record)], "time": 0.0}],
+    result = RunResult.from_events(job, run_dir.location, [Failure(classification=faults.TAKEN_OVER,
+                                                                    ranks=[asdict(record)])],
                                    ResumeChoice(None, None, "fresh run"), wall_seconds=1.0, error=error)
     message = describe_failure(job, error, run_dir.location, result, None)
     assert message.startswith("run 'taken' stopped on this driver: another driver took the run over")
@@ -337,7 +338,7 @@ def test_a_dataloader_worker_killed_by_sigkill_is_the_nodes_memory_retried_namin
     assert note.startswith("a DataLoader worker of rank 2 was killed by SIGKILL, most likely by the kernel's OOM "
                            f"killer: node {CPU_NODE[0]} (host cpu-node-3) ran out of memory")
     assert all(fix in note for fix in MEMORY_FIXES), note
-    line = RunWatcher(None, _memory_job(), print)._format({"kind": "failure", **decision.payload(), "time": 0.0})
+    line = RunWatcher(None, _memory_job(), print)._format(decision.event())
     assert line.startswith(f"failure (infrastructure): rank 2 (node {CPU_NODE[0][:12]}, host cpu-node-3, pid 5151)")
     assert "OOM killer" in line and line.endswith("restarting from the newest committed checkpoint")
 

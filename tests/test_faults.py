@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import pickle
 
@@ -9,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from orchestrator.driver.signals import JOB_STOP_MARGIN_S, grace_seconds
-from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.driver.watchdog import HangWatchdog
 from orchestrator.failures import (
     HANG,
     INFRASTRUCTURE,
@@ -21,6 +22,7 @@ from orchestrator.failures import (
     raised_at,
 )
 from orchestrator.observe import goodput
+from orchestrator.protocol import Beat, Failure, Finished, Progress, RankStarted
 
 
 def _raised(exc: BaseException) -> BaseException:
@@ -105,45 +107,45 @@ def _beat(rank, step, phase="training", idle=0.0):
 
 def test_a_rank_that_stops_answering_is_named_once_the_timeout_passes():
     dog = HangWatchdog(hang_timeout_s=10)
-    dog.new_group(1, world_size=2, now=0)
+    dog.new_attempt(1, world_size=2, now=0)
     dog.observe(1, _beat(0, 5), now=0)
     dog.observe(1, _beat(1, 5), now=0)
     for t in range(1, 11):  # rank 1 is silent from t=0; rank 0 keeps beating
         assert dog.observe(1, _beat(0, 5, idle=0.5), now=t) is None
     verdict = dog.observe(1, _beat(0, 5, idle=0.5), now=10.5)
-    assert verdict is not None and verdict["ranks"] == [1] and verdict["what"] == "stopped answering"
-    assert "rank 1 (node node-1, pid 101)" in verdict["message"]
+    assert verdict is not None and verdict.ranks == [1] and verdict.what == "stopped answering"
+    assert "rank 1 (node node-1, pid 101)" in verdict.message
 
 
 def test_ranks_that_take_no_step_while_training_are_a_hang_and_other_phases_are_not():
     dog = HangWatchdog(hang_timeout_s=10)
-    dog.new_group(3, world_size=2, now=0)
+    dog.new_attempt(3, world_size=2, now=0)
     for phase in ("starting", "checkpoint", "validation", "epoch_end", "finishing"):
         assert dog.observe(3, _beat(0, 7, phase, idle=600), now=1) is None
     assert dog.observe(3, _beat(1, 7, "training", idle=9.9), now=1) is None
     verdict = dog.observe(3, _beat(1, 7, "training", idle=10.1), now=2)
-    assert verdict["ranks"] == [1] and verdict["what"] == "made no progress"
+    assert verdict.ranks == [1] and verdict.what == "made no progress"
 
 
 def test_a_frozen_rank_is_named_rather_than_the_peers_it_stalls():
     dog = HangWatchdog(hang_timeout_s=10)
-    dog.new_group(1, world_size=2, now=0)
+    dog.new_attempt(1, world_size=2, now=0)
     dog.observe(1, _beat(1, 25), now=1.0)  # rank 1's last heartbeat, a second after its last step
     # Rank 0, blocked in a collective with rank 1, crosses the timeout first.
     verdict = dog.observe(1, _beat(0, 25, idle=10.2), now=10.2)
-    assert verdict["what"] == "stopped answering" and verdict["ranks"] == [1]
+    assert verdict.what == "stopped answering" and verdict.ranks == [1]
 
 
 def test_a_rank_frozen_before_its_first_heartbeat_is_named():
     dog = HangWatchdog(hang_timeout_s=10)
-    dog.new_group(1, world_size=2, now=100.0)
+    dog.new_attempt(1, world_size=2, now=100.0)
     verdict = dog.observe(1, _beat(0, 25, idle=10.5), now=111.0)
-    assert verdict["what"] == "stopped answering" and verdict["ranks"] == [1]
+    assert verdict.what == "stopped answering" and verdict.ranks == [1]
 
 
 def test_beats_of_a_replaced_group_are_ignored():
     dog = HangWatchdog(hang_timeout_s=10)
-    dog.new_group(2, world_size=2, now=0)
+    dog.new_attempt(2, world_size=2, now=0)
     assert dog.observe(1, _beat(0, 3, idle=100), now=0) is None
     assert dog.beats == {}
 
@@ -153,14 +155,12 @@ def test_beats_of_a_replaced_group_are_ignored():
 def _events_of_a_run_with_one_restart():
     # Group 1 starts at t=10, steps 1..30 at 0.5 s each from t=20; checkpoint at 20; fails after 30.
     # Group 2 resumes from 20 at t=50, steps 21..60 at 0.5 s each from t=60.
-    events = [{"kind": "worker_started", "rank": 0, "group": 1, "restored_step": None, "time": 10.0}]
-    events += [{"kind": "progress", "group": 1, "step": s, "stall_s": 0.5, "time": 20.0 + (s - 1) * 0.5}
-               for s in (1, 10, 20, 30)]
-    events.append({"kind": "failure", "time": 40.0, "classification": "hang", "ranks": []})
-    events.append({"kind": "worker_started", "rank": 0, "group": 2, "restored_step": 20, "time": 50.0})
-    events += [{"kind": "progress", "group": 2, "step": s, "stall_s": 1.0, "time": 60.0 + (s - 21) * 0.5}
-               for s in (21, 40, 60)]
-    events.append({"kind": "finished", "group": 2, "step": 60, "checkpoint_stall_s": 1.0, "time": 85.0})
+    events = [RankStarted(rank=0, attempt=1, world_size=2, time=10.0)]
+    events += [Progress(attempt=1, step=s, stall_s=0.5, time=20.0 + (s - 1) * 0.5) for s in (1, 10, 20, 30)]
+    events.append(Failure(time=40.0, classification="hang", ranks=[]))
+    events.append(RankStarted(rank=0, attempt=2, world_size=2, restored_step=20, time=50.0))
+    events += [Progress(attempt=2, step=s, stall_s=1.0, time=60.0 + (s - 21) * 0.5) for s in (21, 40, 60)]
+    events.append(Finished(attempt=2, step=60, checkpoint_stall_s=1.0, time=85.0))
     return events
 
 
@@ -195,15 +195,13 @@ def test_a_script_too_short_to_time_by_its_span_is_timed_by_its_own_step_time():
     """24 steps of 0.03 s seen in one progress report (rank 0 reports every 2 s): the span of the
     reports times nothing, and the old count gave 0% (or a step time from the epoch's end). The
     bootstrap's median time between steps times them."""
-    events = [{"kind": "worker_started", "rank": 0, "group": 1, "restored_step": None, "time": 5.0},
-              {"kind": "progress", "group": 1, "step": 24, "stall_s": 0.0, "time": 8.0, "step_time_s": 0.03},
-              {"kind": "finished", "group": 1, "step": 24, "checkpoint_stall_s": 0.0, "time": 9.0,
-               "step_time_s": 0.03}]
+    events = [RankStarted(rank=0, attempt=1, world_size=2, time=5.0),
+              Progress(attempt=1, step=24, time=8.0, step_time_s=0.03),
+              Finished(attempt=1, step=24, time=9.0, step_time_s=0.03)]
     g = goodput.compute(events, started=0.0, ended=10.0)
     assert g["step_time_s"] == pytest.approx(0.03) and g["productive_s"] == pytest.approx(24 * 0.03)
     assert g["goodput"] == pytest.approx(0.072)
-    untimed = [e for e in events if e["kind"] == "worker_started"] + [
-        {k: v for k, v in e.items() if k != "step_time_s"} for e in events[1:]]
+    untimed = [events[0]] + [dataclasses.replace(e, step_time_s=None) for e in events[1:]]
     g = goodput.compute(untimed, started=0.0, ended=10.0)
     assert g["goodput"] is None and "24 step(s) seen" in g["not_timed"]
 

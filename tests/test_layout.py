@@ -15,7 +15,8 @@ from conftest import REPO
 PACKAGE = os.path.join(REPO, "orchestrator")
 # Lowest first. A module may import from its own layer and the ones below it, never above.
 LAYERS = [
-    ("orchestrator.errors", "orchestrator.storage", "orchestrator.run_dir", "orchestrator.failures"),
+    ("orchestrator.errors", "orchestrator.storage", "orchestrator.run_dir", "orchestrator.failures",
+     "orchestrator.protocol"),
     ("orchestrator.data",),
     ("orchestrator.spec",),
     ("orchestrator.cluster",),

@@ -18,22 +18,22 @@ from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator.observe import metrics as run_metrics
 from orchestrator.observe.metrics import RunMetrics
+from orchestrator.protocol import CheckpointCommitted, Failure, Progress, RankStarted
 
 
-def _started(group, size, at):
-    return {"kind": "worker_started", "rank": 0, "group": group, "world_size": size, "time": at,
-            "restored_step": None, "restored_from": None}
+def _started(attempt, size, at):
+    return RankStarted(rank=0, attempt=attempt, world_size=size, time=at)
 
 
-def _progress(group, step, at, **metrics):
-    return {"kind": "progress", "group": group, "step": step, "epoch": 0, "batch_in_epoch": step, "time": at,
-            "samples_per_s": 100.0, "stall_s": 0.5, "metrics": metrics}
+def _progress(attempt, step, at, **metrics):
+    return Progress(attempt=attempt, step=step, epoch=0, batch_in_epoch=step, time=at, samples_per_s=100.0,
+                    stall_s=0.5, metrics=metrics)
 
 
 def test_restarts_are_counted_by_the_cause_of_the_failure_before_them_and_a_start_without_one_is_a_resize():
     metrics = RunMetrics("r", started=0.0)
-    for event in (_started(1, 2, 1.0), {"kind": "failure", "classification": "hang", "time": 2.0},
-                  _started(2, 2, 3.0), {"kind": "failure", "classification": "infrastructure", "time": 4.0},
+    for event in (_started(1, 2, 1.0), Failure(classification="hang", ranks=[], time=2.0),
+                  _started(2, 2, 3.0), Failure(classification="infrastructure", ranks=[], time=4.0),
                   _started(3, 1, 5.0), _started(4, 2, 6.0)):
         metrics.observe(event)
     assert metrics.restarts == {"hang": 1, "infrastructure": 1, "resize": 1}
@@ -45,7 +45,7 @@ def test_step_time_stall_loss_user_metrics_checkpoint_age_and_goodput_follow_the
     metrics.observe(_started(1, 2, 1.0))
     metrics.observe(_progress(1, 1, 2.0, loss=0.9, acc=0.5))
     metrics.observe(_progress(1, 11, 4.0, loss=0.7, acc=0.6, bad=float("nan")))
-    metrics.observe({"kind": "checkpoint", "step": 10, "time": 3.5, "uri": "u", "reason": "steps"})
+    metrics.observe(CheckpointCommitted(step=10, time=3.5, uri="u", reason="steps"))
     # A restarted group: its own stall adds to the first group's; step time is measured within it.
     metrics.observe(_started(2, 2, 5.0))
     metrics.observe(_progress(2, 12, 6.0, loss=0.6))

@@ -8,7 +8,8 @@ import pytest
 from cli_runs import run_spec
 from specs import lightning_spec, torch_spec
 
-from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.driver.watchdog import HangWatchdog
+from orchestrator.protocol import Beat
 from orchestrator.runtime.heartbeat import STARTING, TRAINING, VALIDATION, Heartbeat
 from orchestrator.spec import SpecError, validate
 
@@ -30,14 +31,14 @@ def _beats_until(dog, seconds, phases):
 
 def test_peers_blocked_behind_a_rank_that_checkpoints_are_not_hung():
     dog = HangWatchdog(hang_timeout_s=10, phase_limits=LIMITS)
-    dog.new_group(1, 2, now=0.0)
+    dog.new_attempt(1, 2, now=0.0)
 
     assert _beats_until(dog, 19, ["checkpoint", TRAINING]) is None
 
 
 def test_a_peers_last_beat_from_the_wait_that_just_ended_is_not_a_hang():
     dog = HangWatchdog(hang_timeout_s=10, phase_limits=LIMITS)
-    dog.new_group(1, 2, now=0.0)
+    dog.new_attempt(1, 2, now=0.0)
     _beats_until(dog, 12, ["checkpoint", TRAINING])
     # Rank 0's write is done and it trains on; rank 1's beat, sent just before it was released,
     # still says it has waited 12.5 s in the step.
@@ -47,33 +48,33 @@ def test_a_peers_last_beat_from_the_wait_that_just_ended_is_not_a_hang():
     # With no rank in a limited phase since, a stall is a stall again.
     verdicts = [dog.observe(1, _beat(rank, TRAINING, now - 12.6, step=8), now=now)
                 for now in range(13, 25) for rank in (0, 1)]
-    assert verdicts[-1]["what"] == "made no progress"
+    assert verdicts[-1].what == "made no progress"
 
 
 def test_a_rank_past_its_checkpoint_limit_is_named_with_the_field_to_raise():
     dog = HangWatchdog(hang_timeout_s=10, phase_limits=LIMITS)
-    dog.new_group(1, 2, now=0.0)
+    dog.new_attempt(1, 2, now=0.0)
 
     verdict = _beats_until(dog, 21, ["checkpoint", TRAINING])
 
-    assert verdict["ranks"] == [0]
-    assert "stayed in the checkpoint phase for more than 20 s (failure.checkpoint_timeout_s)" in verdict["message"]
+    assert verdict.ranks == [0]
+    assert "stayed in the checkpoint phase for more than 20 s (failure.checkpoint_timeout_s)" in verdict.message
 
 
 @pytest.mark.parametrize("phase,limit_field", [("starting", "startup_timeout_s"), ("finishing", "finish_timeout_s")])
 def test_a_one_worker_run_stalled_outside_training_gets_a_verdict(phase, limit_field):
     dog = HangWatchdog(hang_timeout_s=10, phase_limits=LIMITS)
-    dog.new_group(1, 1, now=0.0)
+    dog.new_attempt(1, 1, now=0.0)
     limit = int(LIMITS[phase])
 
     assert _beats_until(dog, limit, [phase]) is None
     verdict = _beats_until(dog, limit + 1, [phase])
 
-    assert verdict["ranks"] == [0] and f"failure.{limit_field}" in verdict["message"]
+    assert verdict.ranks == [0] and f"failure.{limit_field}" in verdict.message
 
 
 def test_training_entered_before_the_groups_first_step_still_counts_as_starting():
-    beat = Heartbeat(monitor=None, group=1, rank=0)  # not started: no thread, no Ray
+    beat = Heartbeat(monitor=None, attempt=1, rank=0)  # not started: no thread, no Ray
     beat.enter(VALIDATION)  # Lightning's sanity check
     beat.enter(TRAINING)  # on_train_batch_start of the first batch
     assert beat.phase == STARTING

@@ -13,7 +13,8 @@ import time
 import pytest
 from conftest import wait_for
 
-from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.driver.watchdog import HangWatchdog
+from orchestrator.protocol import Beat
 from orchestrator.runtime.heartbeat import FINISHED, WORKING
 from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
 
@@ -29,7 +30,7 @@ def _script(rank, step, phase="training", idle=0.0, stack_idle=0.0, active_idle=
 
 def _dog(world_size=2) -> HangWatchdog:
     dog = HangWatchdog(hang_timeout_s=LIMIT, phase_limits={"starting": 30.0})
-    dog.new_group((1, 0), world_size=world_size, now=0)
+    dog.new_attempt(1, world_size=world_size, now=0)
     return dog
 
 
@@ -37,19 +38,19 @@ def test_a_rank_that_exited_0_is_finished_while_its_peer_works_alone_past_the_ti
     """Rank 1 finished after 5 steps; rank 0 evaluates, saves, uploads for 25 s: no verdict."""
     dog = _dog()
     for t in range(0, 26):
-        assert dog.observe((1, 0), _script(1, 5, FINISHED), now=t) is None
+        assert dog.observe(1, _script(1, 5, FINISHED), now=t) is None
         # Rank 0 stepped before, and takes no step now; its stack and CPU show it at work.
-        assert dog.observe((1, 0), _script(0, 5, idle=t, stack_idle=0.5, active_idle=0.5), now=t) is None
+        assert dog.observe(1, _script(0, 5, idle=t, stack_idle=0.5, active_idle=0.5), now=t) is None
 
 
 def test_a_finished_ranks_silence_is_no_hang_but_its_peers_freeze_still_is():
     dog = _dog()
-    dog.observe((1, 0), _script(1, 5, FINISHED), now=0)  # its agent sends no more beats for it
+    dog.observe(1, _script(1, 5, FINISHED), now=0)  # its agent sends no more beats for it
     for t in range(1, 11):
-        assert dog.observe((1, 0), _script(0, 5, idle=t, stack_idle=t, active_idle=t), now=t) is None
-    verdict = dog.observe((1, 0), _script(0, 5, idle=11, stack_idle=11, active_idle=11), now=11)
-    assert verdict["ranks"] == [0] and "no CPU time" in verdict["what"]
-    assert "rank 1 at step 5 (finished)" in verdict["message"]
+        assert dog.observe(1, _script(0, 5, idle=t, stack_idle=t, active_idle=t), now=t) is None
+    verdict = dog.observe(1, _script(0, 5, idle=11, stack_idle=11, active_idle=11), now=11)
+    assert verdict.ranks == [0] and "no CPU time" in verdict.what
+    assert "rank 1 at step 5 (finished)" in verdict.message
 
 
 def test_a_script_that_never_steps_is_not_held_to_the_startup_limit_while_it_works():
@@ -57,22 +58,22 @@ def test_a_script_that_never_steps_is_not_held_to_the_startup_limit_while_it_wor
     dog = _dog()
     for t in range(0, 3600):
         for rank in (0, 1):
-            assert dog.observe((1, 0), _script(rank, 0, WORKING, idle=t, stack_idle=1, active_idle=1), now=t) is None
+            assert dog.observe(1, _script(rank, 0, WORKING, idle=t, stack_idle=1, active_idle=1), now=t) is None
 
 
 def test_one_rank_at_work_keeps_its_waiting_peers_from_a_verdict_and_a_frozen_group_is_caught():
     dog = _dog()
     # Rank 1 waits in a barrier (frozen); rank 0 preprocesses (its CPU busy in C: no stack move).
     for t in range(0, 60):
-        assert dog.observe((1, 0), _script(1, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t) is None
-        assert dog.observe((1, 0), _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=0.5), now=t) is None
+        assert dog.observe(1, _script(1, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t) is None
+        assert dog.observe(1, _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=0.5), now=t) is None
     # Then rank 0 freezes too: both still for longer than the timeout.
     for t in range(60, 71):
-        assert dog.observe((1, 0), _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=t - 60), now=t) is None
-        dog.observe((1, 0), _script(1, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t)
-    verdict = dog.observe((1, 0), _script(0, 0, WORKING, idle=71, stack_idle=71, active_idle=11), now=71)
-    assert verdict is not None and verdict["ranks"] == [0, 1]
-    assert verdict["what"].startswith("made no progress (no optimizer step, no move of its Python stack")
+        assert dog.observe(1, _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=t - 60), now=t) is None
+        dog.observe(1, _script(1, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t)
+    verdict = dog.observe(1, _script(0, 0, WORKING, idle=71, stack_idle=71, active_idle=11), now=71)
+    assert verdict is not None and verdict.ranks == [0, 1]
+    assert verdict.what.startswith("made no progress (no optimizer step, no move of its Python stack")
 
 
 def test_stepping_ranks_that_stop_stepping_are_hung_unless_a_ranks_stack_moves():
@@ -80,29 +81,29 @@ def test_stepping_ranks_that_stop_stepping_are_hung_unless_a_ranks_stack_moves()
     every peer running, only a step or a stack move counts."""
     dog = _dog()
     for t in range(0, 12):  # rank 0 evaluates (its stack moves); rank 1 waits for it, spinning
-        assert dog.observe((1, 0), _script(0, 40, idle=t, stack_idle=0.5, active_idle=0.1), now=t) is None
-        assert dog.observe((1, 0), _script(1, 40, idle=t, stack_idle=t, active_idle=0.1), now=t) is None
+        assert dog.observe(1, _script(0, 40, idle=t, stack_idle=0.5, active_idle=0.1), now=t) is None
+        assert dog.observe(1, _script(1, 40, idle=t, stack_idle=t, active_idle=0.1), now=t) is None
     # Rank 0's stack stops moving too, its CPU still busy: a collective that never completes.
-    dog.observe((1, 0), _script(0, 40, idle=13, stack_idle=10.5, active_idle=0.1), now=13)
-    verdict = dog.observe((1, 0), _script(1, 40, idle=13, stack_idle=13, active_idle=0.1), now=13)
-    assert verdict["ranks"] == [0, 1] and verdict["what"] == (
+    dog.observe(1, _script(0, 40, idle=13, stack_idle=10.5, active_idle=0.1), now=13)
+    verdict = dog.observe(1, _script(1, 40, idle=13, stack_idle=13, active_idle=0.1), now=13)
+    assert verdict.ranks == [0, 1] and verdict.what == (
         "made no progress (no optimizer step, no move of its Python stack)")
 
 
 def test_a_stopped_rank_of_a_script_that_never_steps_is_caught_by_its_silence():
     dog = _dog()
-    dog.observe((1, 0), _script(1, 0, WORKING, active_idle=0.2), now=0)  # then SIGSTOPped: no more beats
+    dog.observe(1, _script(1, 0, WORKING, active_idle=0.2), now=0)  # then SIGSTOPped: no more beats
     for t in range(1, 11):
-        assert dog.observe((1, 0), _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t) is None
-    verdict = dog.observe((1, 0), _script(0, 0, WORKING, idle=11, stack_idle=11, active_idle=11), now=10.5)
-    assert verdict["what"] == "stopped answering" and verdict["ranks"] == [1]
+        assert dog.observe(1, _script(0, 0, WORKING, idle=t, stack_idle=t, active_idle=t), now=t) is None
+    verdict = dog.observe(1, _script(0, 0, WORKING, idle=11, stack_idle=11, active_idle=11), now=10.5)
+    assert verdict.what == "stopped answering" and verdict.ranks == [1]
 
 
 def test_when_every_rank_is_silent_no_verdict_is_given():
     """Nobody beats (the whole node is gone, or the monitor's calls stall): nothing to tell from
     here; Ray's own health check takes over."""
     dog = HangWatchdog(hang_timeout_s=LIMIT)
-    dog.new_group(1, world_size=2, now=0)
+    dog.new_attempt(1, world_size=2, now=0)
     dog.observe(1, Beat(0, 3, "training", 0.0), now=0)
     dog.observe(1, Beat(1, 3, "training", 0.0), now=0)
     assert dog.check(now=100) is None and dog.verdict is None
@@ -160,7 +161,7 @@ def test_the_agent_reads_a_ranks_steps_step_time_and_stack_from_its_beat_file(tm
         "    time.sleep(0.1)\n"
         "time.sleep(60)\n")
     placement = Placement(group_rank=0, group_world_size=1, local_world_size=1, master_addr="127.0.0.1",
-                          master_port=29500, restart_count=0, max_restarts=0, run_id="live")
+                          master_port=29500, attempt=1, max_restarts=0, run_id="live")
     ranks = LocalRanks([str(script)], cwd=str(tmp_path), base_env=dict(os.environ), placement=placement,
                        scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
     try:

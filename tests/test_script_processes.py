@@ -39,7 +39,7 @@ HELPERS = textwrap.dedent("""
 
 def _placement(k: int) -> Placement:
     return Placement(group_rank=0, group_world_size=1, local_world_size=k, master_addr="127.0.0.1",
-                     master_port=29500, restart_count=0, max_restarts=0, run_id="helpers")
+                     master_port=29500, attempt=1, max_restarts=0, run_id="helpers")
 
 
 def _pids(folder, k: int) -> list[dict]:
@@ -100,7 +100,7 @@ AGENT = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
     folder, with_sweeper = sys.argv[1], sys.argv[2] == "sweeper"
-    placement = Placement(0, 1, 2, "127.0.0.1", 29500, 0, 0, "agent")
+    placement = Placement(0, 1, 2, "127.0.0.1", 29500, 1, 0, "agent")
     sweeper = Sweeper(folder) if with_sweeper else None
     ranks = LocalRanks([os.path.join(folder, "train.py"), folder], cwd=folder, base_env=dict(os.environ),
                        placement=placement, scratch=os.path.join(folder, "scratch"), log_dir=os.path.join(folder, "logs"))

@@ -17,8 +17,9 @@ from conftest import REPO, run_cli, wait_for
 
 from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
-from orchestrator.driver.rounds import FAIL, FINISH, RESTART, SETTLE_S, WAIT, InPlaceRounds
+from orchestrator.driver.rounds import SETTLE_S, InPlaceRounds
 from orchestrator.errors import SpecError, UserError
+from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict
 from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.spec import resolve_spec
 
@@ -96,94 +97,96 @@ def test_bad_input_exits_2_with_one_paragraph_and_no_traceback_before_ray_starts
 
 def test_each_rank_gets_torchruns_variables_for_its_place_in_the_world():
     placement = Placement(group_rank=1, group_world_size=2, local_world_size=3, master_addr="10.0.0.1",
-                          master_port=29511, restart_count=2, max_restarts=5, run_id="seed")
+                          master_port=29511, attempt=3, max_restarts=5, run_id="seed")
     env = placement.torchrun_env(local_rank=2)
     assert env == {
         "RANK": "5", "LOCAL_RANK": "2", "GROUP_RANK": "1", "ROLE_RANK": "5", "ROLE_NAME": "default",
         "LOCAL_WORLD_SIZE": "3", "WORLD_SIZE": "6", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "6",
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RESTART_COUNT": "2",
         "TORCHELASTIC_MAX_RESTARTS": "5", "TORCHELASTIC_RUN_ID": "seed", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "ORCHESTRATOR_ATTEMPT": "3",
     }
 
 
-# --- the verdict on a round -------------------------------------------------------------------
+# --- the verdict on an attempt -----------------------------------------------------------------
 
 
 def _rounds(max_restarts=3, workers=2) -> InPlaceRounds:
     rounds = InPlaceRounds(max_restarts)
-    rounds.new_group(1, workers)
+    assert rounds.new_group(workers) == 1  # the run's first attempt
     return rounds
 
 
 def test_a_signal_death_restarts_every_rank_at_once_and_counts_the_restart():
     rounds = _rounds()
-    rounds.report(1, 0, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
-    verdict = rounds.verdict(1, 0, 10.0)
-    assert verdict["action"] == RESTART and verdict["failure"]["rank"] == 1 and verdict["restarts"] == 1
-    # Every node asking about that round hears the same; the next round starts clean.
-    assert rounds.verdict(1, 0, 99.0) == verdict
-    assert rounds.state() == {"group": 1, "round": 1, "restarts": 1, "max_restarts": 3}
-    assert rounds.verdict(1, 1, 11.0) == {"action": WAIT}
+    rounds.report(1, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
+    verdict = rounds.verdict(1, 10.0)
+    assert verdict.action == RESTART and verdict.failure["rank"] == 1 and verdict.restarts == 1
+    assert verdict.attempt == 2
+    # Every node asking about that attempt hears the same; the next attempt starts clean.
+    assert rounds.verdict(1, 99.0) == verdict
+    assert rounds.state() == {"attempt": 2, "restarts": 1, "max_restarts": 3}
+    assert rounds.verdict(2, 11.0) == Verdict(WAIT)
 
 
 def test_a_peers_communication_error_waits_for_the_bug_that_caused_it_and_the_bug_decides():
     rounds = _rounds()
-    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
-    assert rounds.verdict(1, 0, 10.0 + SETTLE_S / 2) == {"action": WAIT}
-    rounds.report(1, 0, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
-    verdict = rounds.verdict(1, 0, 10.0 + SETTLE_S / 2)
-    assert verdict["action"] == FAIL and verdict["failure"]["rank"] == 3
+    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
+    assert rounds.verdict(1, 10.0 + SETTLE_S / 2) == Verdict(WAIT)
+    rounds.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
+    verdict = rounds.verdict(1, 10.0 + SETTLE_S / 2)
+    assert verdict.action == FAIL and verdict.failure["rank"] == 3
 
 
 def test_a_communication_error_alone_restarts_after_the_settling_time():
     rounds = _rounds()
-    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
-    assert rounds.verdict(1, 0, 10.0 + SETTLE_S + 0.01)["action"] == RESTART
+    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
+    assert rounds.verdict(1, 10.0 + SETTLE_S + 0.01).action == RESTART
 
 
 def test_restarts_in_place_and_of_the_group_share_one_budget():
     rounds = _rounds(max_restarts=2)
-    rounds.report(1, 0, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
-    assert rounds.verdict(1, 0, 1.0)["action"] == RESTART
-    rounds.new_group(2, 2)  # Ray Train replaced a lost node: the second restart
+    rounds.report(1, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
+    assert rounds.verdict(1, 1.0).action == RESTART
+    assert rounds.new_group(2) == 3  # Ray Train replaced a lost node: the second restart, attempt 3
     assert rounds.restarts == 2 and rounds.exhausted
-    rounds.report(2, 0, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
-    verdict = rounds.verdict(2, 0, 5.0)
-    assert verdict["action"] == FAIL and verdict["exhausted"]
+    rounds.report(3, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
+    verdict = rounds.verdict(3, 5.0)
+    assert verdict.action == FAIL and verdict.exhausted
 
 
 def test_a_scripts_own_nonzero_exit_restarts_in_place_as_under_torchrun_after_waiting_for_a_peers_bug():
     rounds = _rounds()
     exit_3 = {"rank": 1, "kind": "exit", "decisive": False, "error": "the script exited with status 3 (sys.exit)"}
-    rounds.report(1, 0, 0, exit_3, 10.0)
-    assert rounds.verdict(1, 0, 10.0) == {"action": WAIT}  # a peer's bug may be why it exited
+    rounds.report(1, 0, exit_3, 10.0)
+    assert rounds.verdict(1, 10.0) == Verdict(WAIT)  # a peer's bug may be why it exited
     # Rank 0 then loses its peer in a collective: the consequence, not the cause.
-    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
-    verdict = rounds.verdict(1, 0, 10.0 + SETTLE_S + 0.01)
-    assert verdict["action"] == RESTART and verdict["failure"] == exit_3 and verdict["restarts"] == 1
+    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
+    verdict = rounds.verdict(1, 10.0 + SETTLE_S + 0.01)
+    assert verdict.action == RESTART and verdict.failure == exit_3 and verdict.restarts == 1
 
 
-def test_late_reports_of_a_decided_round_are_ignored_and_a_replaced_group_is_told_so():
+def test_late_reports_of_a_decided_attempt_are_ignored_and_a_replaced_group_is_told_so():
     rounds = _rounds()
-    rounds.report(1, 0, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
-    decided = rounds.verdict(1, 0, 1.0)
-    assert decided["action"] == RESTART
-    # Node 1's report of the same round arrives after the verdict: it changes neither that
-    # verdict nor the next round's.
-    rounds.report(1, 0, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
-    assert rounds.verdict(1, 0, 2.0) == decided
-    assert rounds.failures == [] and rounds.verdict(1, 1, 2.0) == {"action": WAIT}
-    # Ray Train replaced the group: a supervisor of the old one asking about its round is told to stop.
-    rounds.new_group(2, 2)
-    assert rounds.verdict(1, 1, 3.0) == {"action": FAIL, "reason": "this worker group was replaced"}
+    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
+    decided = rounds.verdict(1, 1.0)
+    assert decided.action == RESTART
+    # Node 1's report of the same attempt arrives after the verdict: it changes neither that
+    # verdict nor the next attempt's.
+    rounds.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
+    assert rounds.verdict(1, 2.0) == decided
+    assert rounds.failures == [] and rounds.verdict(2, 2.0) == Verdict(WAIT)
+    # Ray Train replaced the group: a supervisor of the old one asking about its attempt is told to stop.
+    rounds.new_group(2)
+    assert rounds.verdict(2, 3.0) == Verdict(FAIL, reason="this worker group was replaced")
 
 
-def test_a_round_finishes_when_every_node_reports_its_ranks_exited_0():
+def test_an_attempt_finishes_when_every_node_reports_its_ranks_exited_0():
     rounds = _rounds(workers=2)
-    rounds.report(1, 0, 0, {"ok": True}, 1.0)
-    assert rounds.verdict(1, 0, 1.0) == {"action": WAIT}
-    rounds.report(1, 0, 1, {"ok": True}, 2.0)
-    assert rounds.verdict(1, 0, 2.0) == {"action": FINISH}
+    rounds.report(1, 0, None, 1.0)
+    assert rounds.verdict(1, 1.0) == Verdict(WAIT)
+    rounds.report(1, 1, None, 2.0)
+    assert rounds.verdict(1, 2.0) == Verdict(FINISH)
 
 
 # --- the bootstrap ----------------------------------------------------------------------------
@@ -287,7 +290,7 @@ def test_a_stopped_ranks_stack_is_taken_where_it_stopped_before_it_runs_on(tmp_p
         "    stuck_here()\n"
         "    moved_on()\n")
     placement = Placement(group_rank=0, group_world_size=1, local_world_size=1, master_addr="127.0.0.1",
-                          master_port=29500, restart_count=0, max_restarts=0, run_id="stacks")
+                          master_port=29500, attempt=1, max_restarts=0, run_id="stacks")
     ranks = LocalRanks([str(script)], cwd=str(tmp_path), base_env=dict(os.environ), placement=placement,
                        scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
     try:
@@ -336,18 +339,6 @@ def test_a_rank_takes_the_users_niceness_instead_of_the_one_ray_gives_its_worker
                           env={**os.environ, "ORCHESTRATOR_NICENESS": "2"}, preexec_fn=lambda: os.nice(15))
     assert done.stdout.strip() == "2", done.stdout + done.stderr
 
-
-def test_a_killed_supervisors_scratch_folder_is_removed_by_the_next_one_and_a_live_ones_is_kept(tmp_path,
-                                                                                                 monkeypatch):
-    from orchestrator.runtime.script import supervisor
-
-    monkeypatch.setattr(supervisor.tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / f"{supervisor.SCRATCH_PREFIX}{dead.pid}-abc").mkdir()
-    (tmp_path / f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def").mkdir()
-    supervisor._remove_stale_scratch()
-    assert sorted(os.listdir(tmp_path)) == [f"{supervisor.SCRATCH_PREFIX}{os.getppid()}-def"]
 
 
 # --- rank 0's output on its way to the console ---------------------------------------------------

@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from orchestrator.data.order import GlobalOrderSampler
 
 # A sample's seed must fit numpy's legacy seeding (32 bits); torch and random take it as is.
 _SEED_BITS = 0xFFFFFFFF
@@ -96,3 +98,18 @@ def for_workers(dataset: Dataset, sampler: Sampler, *, seed: int, num_workers: i
     if not num_workers:
         return dataset, sampler
     return SeededSamples(dataset, seed), EpochTagged(sampler)
+
+
+def global_order_loader(dataset: Dataset, *, world_size: int, rank: int, global_batch: int, micro_batch: int,
+                        shuffle: bool, seed: int, drop_last: bool, training: bool = True,
+                        loader_class: type[DataLoader] = DataLoader,
+                        **loader_kwargs: Any) -> tuple[DataLoader, GlobalOrderSampler]:
+    """A DataLoader of this rank's share of the one global order, and the sampler that holds its
+    position (both harnesses build their loaders here; the caller moves the sampler to where
+    training resumes). `loader_kwargs` are the user's own settings: workers, collate function,
+    pinning, prefetch... With worker processes, each sample gets its own seed (SeededSamples)."""
+    sampler = GlobalOrderSampler(dataset, world_size=world_size, rank=rank, global_batch=global_batch,
+                                 micro_batch=micro_batch, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                 training=training)
+    samples, indices = for_workers(dataset, sampler, seed=seed, num_workers=loader_kwargs.get("num_workers", 0))
+    return loader_class(samples, batch_size=micro_batch, sampler=indices, **loader_kwargs), sampler

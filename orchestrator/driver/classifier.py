@@ -34,6 +34,7 @@ from orchestrator.failures import (
     memory_advice,
     overall,
 )
+from orchestrator.protocol import Failure
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,10 @@ class Classified:
     exhausted: bool
     end: OrchestratorError | None
 
-    def payload(self) -> dict[str, Any]:
+    def event(self) -> Failure:
         """The monitor's `failure` event."""
-        return {"classification": self.kind, "ranks": [asdict(r) for r in self.records], "hang": self.hang,
-                "exhausted": self.exhausted}
+        return Failure(classification=self.kind, ranks=[asdict(r) for r in self.records], hang=self.hang,
+                       exhausted=self.exhausted)
 
 
 def classify_failure(worker_exceptions: dict[int, BaseException], view: dict[str, Any],
@@ -120,7 +121,7 @@ class FailureClassifier(ray.train.UserCallback):
             view = NO_VIEW
         decision = classify_failure(worker_exceptions, view, self.hang_timeout_s)
         try:
-            ray.get(self.monitor.push.remote("failure", **decision.payload()), timeout=10)
+            ray.get(self.monitor.push.remote(decision.event()), timeout=10)
         except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
             log.warning("could not record the failure with the run monitor: %s", exc)
         if decision.end is not None:

@@ -21,6 +21,19 @@ import ray.train
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.failures import RestartsExhausted, RunTakenOver, UserCodeFailed
 from orchestrator.observe.metrics import RunMetrics
+from orchestrator.protocol import (
+    CheckpointCommitted,
+    Event,
+    Failure,
+    Hang,
+    Preemption,
+    Progress,
+    RankStarted,
+    RestartInPlace,
+    ResumeFallback,
+    RunWarning,
+    Stacks,
+)
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
 
@@ -132,7 +145,7 @@ class RunWatcher:
         if lines:
             self.say("\n".join(lines))
 
-    def _export(self, events: list[dict[str, Any]]) -> None:
+    def _export(self, events: list[Event]) -> None:
         if self.metrics is None:
             return
         try:
@@ -178,13 +191,12 @@ class RunWatcher:
 
     # --- event lines ----------------------------------------------------------------------------
 
-    def _format(self, event: dict[str, Any]) -> str | None:
-        kind = event["kind"]
-        if kind == "worker_started" and event["rank"] == 0:
-            self._group_up(event["time"])
+    def _format(self, event: Event) -> str | None:
+        if isinstance(event, RankStarted) and event.rank == 0:
+            self._group_up(event.time)
             self._starts += 1
-            where = f"resuming from step {event['restored_step']}" if event["restored_from"] else "starting fresh"
-            size, before = event["world_size"], self._size
+            where = f"resuming from step {event.restored_step}" if event.restored_from else "starting fresh"
+            size, before = event.world_size, self._size
             self._size = size
             if before and size != before:
                 return f"resized: {before} -> {size} workers, {where}{_batch_note(self.job, size)}"
@@ -193,53 +205,53 @@ class RunWatcher:
                 nodes = size // self.job.script.nproc_per_node
                 return f"{prefix}{size} ranks up ({nodes} node(s) x {self.job.script.nproc_per_node})"
             return f"{prefix}{size} workers up, {where}"
-        if kind == "progress" and event.get("script"):
-            return f"step {event['step']:>6}"
-        if kind == "restart_in_place":
-            failure = event["failure"]
-            budget = "unlimited" if event["max_restarts"] < 0 else f"{event['max_restarts']}"
+        if isinstance(event, Progress) and event.script:
+            return f"step {event.step:>6}"
+        if isinstance(event, RestartInPlace):
+            failure = event.failure
+            budget = "unlimited" if event.max_restarts < 0 else f"{event.max_restarts}"
             where = f" at {failure['where']}" if failure.get("where") else ""
             return (f"rank {failure['rank']} failed ({failure['kind']}): {failure['error']}{where}; restarting every "
-                    f"rank in place (restart {event['restarts']} of {budget}, TORCHELASTIC_RESTART_COUNT="
-                    f"{event['restarts']})")
-        if kind == "stacks":
-            ranks = sorted(event["ranks"].items(), key=lambda item: int(item[0]))
+                    f"rank in place (attempt {event.attempt}: restart {event.restarts} of {budget}, "
+                    f"TORCHELASTIC_RESTART_COUNT={event.restarts})")
+        if isinstance(event, Stacks):
+            ranks = sorted(event.ranks.items(), key=lambda item: int(item[0]))
             return "stacks of the hung ranks are in their logs: " + "; ".join(
                 f"rank {rank} was at {where}" for rank, where in ranks)
-        if kind == "progress":
-            metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event["metrics"].items()))
+        if isinstance(event, Progress):
+            metrics = "  ".join(f"{k} {v:.4g}" for k, v in sorted(event.metrics.items()))
             # Mid-epoch events carry the epoch in progress (0-based); boundary events the epochs done.
-            at_boundary = event["batch_in_epoch"] == 0
-            epoch = f"epoch {event['epoch'] if at_boundary else event['epoch'] + 1}{self._epochs}"
+            at_boundary = event.batch_in_epoch == 0
+            epoch = f"epoch {event.epoch if at_boundary else event.epoch + 1}{self._epochs}"
             epoch += " done" if at_boundary else ""
-            rate = f"  {event['samples_per_s']:,.0f} samples/s" if event.get("samples_per_s") else ""
-            return f"{epoch:<14} step {event['step']:>6}  {metrics}{rate}"
-        if kind == "checkpoint":
-            return f"checkpoint committed: step {event['step']} ({event['reason']}) -> {event['uri']}"
-        if kind == "preemption":
-            return (f"preemption notice: node(s) {', '.join(n[:12] for n in event['nodes'])} go away in "
-                    f"{event['seconds_left']}; checkpointing at step {event['step']}")
-        if kind == "hang":
-            return f"hang detected: {event['message']}; restarting the group from the newest checkpoint"
-        if kind == "failure":
+            rate = f"  {event.samples_per_s:,.0f} samples/s" if event.samples_per_s else ""
+            return f"{epoch:<14} step {event.step:>6}  {metrics}{rate}"
+        if isinstance(event, CheckpointCommitted):
+            return f"checkpoint committed: step {event.step} ({event.reason}) -> {event.uri}"
+        if isinstance(event, Preemption):
+            return (f"preemption notice: node(s) {', '.join(n[:12] for n in event.nodes)} go away in "
+                    f"{event.seconds_left}; checkpointing at step {event.step}")
+        if isinstance(event, Hang):
+            return f"hang detected: {event.message}; restarting the group from the newest checkpoint"
+        if isinstance(event, Failure):
             self._group_down()
-            ranks = "; ".join(_record_line(r) for r in event["ranks"]) or "no rank reported an error"
-            user = ("not retried: it came back at the same step after a restart" if _repeated(event["ranks"])
+            ranks = "; ".join(_record_line(r) for r in event.ranks) or "no rank reported an error"
+            user = ("not retried: it came back at the same step after a restart" if _repeated(event.ranks)
                     else "not retried: it is an error in the training code")
             then = {"user": user, "stopped": "not restarted: the run is stopping",
                     "taken_over": "not restarted: another driver took the run over, and this one stops"}.get(
-                event["classification"], "restarting from the newest committed checkpoint")
-            if event.get("exhausted"):
+                event.classification, "restarting from the newest committed checkpoint")
+            if event.exhausted:
                 then = "not restarted: the restarts failure.max_failures allows are used up"
-            return f"failure ({event['classification']}): {ranks}; {then}"
-        if kind == "warning":
-            if event["message"] in self._warned:  # each group restart repeats it: said once
+            return f"failure ({event.classification}): {ranks}; {then}"
+        if isinstance(event, RunWarning):
+            if event.message in self._warned:  # each group restart repeats it: said once
                 return None
-            self._warned.add(event["message"])
-            return f"warning: {event['message']}"
-        if kind == "resume_fallback":
-            return (f"warning: checkpoint {event['wanted']} could not be read ({event['cause']}); "
-                    f"the group resumes from {event['uri']}")
+            self._warned.add(event.message)
+            return f"warning: {event.message}"
+        if isinstance(event, ResumeFallback):
+            return (f"warning: checkpoint {event.wanted} could not be read ({event.cause}); "
+                    f"the group resumes from {event.uri}")
         return None
 
 

@@ -35,7 +35,7 @@ from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.run_dir import RunDir, write_storage_marker
-from orchestrator.runtime.handoff import WorkerConfig
+from orchestrator.runtime.handoff import LeaseFence, ScriptContext, WorkerConfig
 from orchestrator.runtime.worker import train_worker
 from orchestrator.spec import JobSpec, resolve_spec
 from orchestrator.spec.data import check_data_input
@@ -122,8 +122,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits,
                                     max_restarts=job.failure.max_failures if job.kind == "script" else None)
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
-                                   log_dir=layout.logs, lease_generation=run_lease.generation,
-                                   lease_nonce=run_lease.nonce,
+                                   log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()),
                                    script_context=_script_context() if job.kind == "script" else None)
             trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
@@ -338,9 +337,9 @@ SHELL_PREFIXES = ("NCCL_", "TORCH_", "GLOO_")
 SHELL_VARIABLES = ("OMP_NUM_THREADS",)
 
 
-def _script_context() -> dict[str, object]:
+def _script_context() -> ScriptContext:
     env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
-    return {"cwd": os.getcwd(), "env": env, "niceness": os.nice(0)}
+    return ScriptContext(cwd=os.getcwd(), env=env, niceness=os.nice(0))
 
 
 def _worker_pythonpath() -> str:

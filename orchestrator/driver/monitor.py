@@ -1,10 +1,11 @@
 """The run monitor: a small actor owned by the driver that workers tell what is happening.
 
-Workers push events (worker started, progress, checkpoint committed, finished) with
-fire-and-forget calls; the driver polls them to print live progress and to write summary.json.
+Ranks and agents push events (protocol.py: a rank started, progress, a checkpoint committed,
+finished...) with fire-and-forget calls; the driver polls them to print live progress and to write
+summary.json.
 The actor outlives worker-group restarts, so it is also where
-- each worker group's start is numbered, and the newest checkpoint committed during this run is
-  remembered: rank 0 of a new group asks it which checkpoint the group resumes from;
+- each start of the ranks is numbered (an attempt), and the newest checkpoint committed during this
+  run is remembered: rank 0 of a new group asks it which checkpoint the group resumes from;
 - the workers' heartbeats arrive, and the hang watchdog (`watchdog.py`) judges them; its
   verdict goes back to every worker of the group in the reply to its next heartbeat;
 - the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
@@ -22,8 +23,23 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.driver.rounds import RESTART, InPlaceRounds
-from orchestrator.driver.watchdog import Beat, HangWatchdog
+from orchestrator.driver.rounds import InPlaceRounds
+from orchestrator.driver.watchdog import HangWatchdog
+from orchestrator.protocol import (
+    RESTART,
+    AttemptBegun,
+    Beat,
+    BeatReply,
+    CheckpointCommitted,
+    Event,
+    Failure,
+    Finished,
+    Output,
+    RankStarted,
+    RestartInPlace,
+    StopRequested,
+    Verdict,
+)
 
 # Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
 OUTPUT_LINES_HELD = 20_000
@@ -65,33 +81,34 @@ def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None =
 class RunMonitor:
     def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
                  max_restarts: int | None = None) -> None:
-        self._events: list[dict[str, Any]] = []
-        self._latest_checkpoint: dict[str, Any] | None = None
-        self._groups = 0
+        self._events: list[Event] = []
+        self._latest_checkpoint: CheckpointCommitted | None = None
+        # The attempt running now (protocol.py): the watchdog judges its beats alone.
+        self._attempt = 0
         self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
         # Set when another driver took the run over: why (LeaseLost's text).
         self._taken_over: str | None = None
-        # Per worker group: the newest step rank 0's heartbeat reported, and when (for goodput).
+        # Per attempt: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
-        # A torchrun script's run (max_restarts given): its ranks restart in place (rounds.py), and
-        # the watchdog judges each round of children apart: its groups are (group, round).
+        # A torchrun script's run (max_restarts given): its ranks restart in place (rounds.py), each
+        # restart a new attempt in the same worker group.
         self._rounds = InPlaceRounds(max_restarts) if max_restarts is not None else None
         self._ranks = 0
         self._output = OutputBuffer()
 
-    def push(self, kind: str, **payload: Any) -> None:
-        if kind == "output":
-            self._output.add(payload["lines"])
+    def push(self, event: Event | Output) -> None:
+        if isinstance(event, Output):
+            self._output.add(event.lines)
             return
-        event = {"kind": kind, "time": time.time(), **payload}
-        if kind == "checkpoint":
+        event.time = time.time()
+        if isinstance(event, CheckpointCommitted):
             self._latest_checkpoint = event
         self._events.append(event)
 
-    def events_since(self, index: int) -> list[dict[str, Any]]:
+    def events_since(self, index: int) -> list[Event]:
         return self._events[index:]
 
     def take_output(self) -> tuple[list[str], int]:
@@ -101,59 +118,57 @@ class RunMonitor:
     def finished(self, stopped: bool = False) -> bool:
         """Whether rank 0 reported the end of training, every checkpoint committed: of a run that
         ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
-        return any(e["kind"] == "finished" and bool(e.get("stopped")) == stopped for e in self._events)
+        return any(isinstance(e, Finished) and e.stopped == stopped for e in self._events)
 
-    def begin_group(self, world_size: int, workers: int | None = None) -> dict[str, Any]:
-        """Rank 0 of a new worker group: its number, and the newest checkpoint of this run.
-        (A script's: `world_size` ranks run by `workers` supervisors, and the rounds' state.)"""
-        self._groups += 1
+    def begin_group(self, world_size: int, workers: int | None = None) -> AttemptBegun:
+        """Rank 0 of a new worker group (a script's: its `workers` agents, running `world_size`
+        ranks): the attempt it starts, and the newest checkpoint of this run."""
         latest = self._latest_checkpoint
-        begun = {"group": self._groups, "latest_uri": latest["uri"] if latest else None}
         if self._rounds is None:
-            self._watchdog.new_group(self._groups, world_size, time.time())
-            return begun
-        self._rounds.new_group(self._groups, workers or 1)
-        self._ranks = world_size
-        self._watchdog.new_group((self._groups, 0), world_size, time.time())
-        return {**begun, **self._rounds.state()}
+            self._attempt += 1
+        else:
+            self._attempt = self._rounds.new_group(workers or 1)
+            self._ranks = world_size
+        self._watchdog.new_attempt(self._attempt, world_size, time.time())
+        return AttemptBegun(self._attempt, latest.uri if latest else None)
 
-    # --- a torchrun script's rounds of children (rounds.py) -------------------------------------
+    # --- a torchrun script's attempts in place (rounds.py) --------------------------------------
 
     def script_state(self) -> dict[str, Any]:
         return self._rounds.state()
 
-    def script_report(self, group: int, round_: int, worker: int, outcome: dict[str, Any]) -> None:
-        self._rounds.report(group, round_, worker, outcome, time.time())
+    def script_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
+        """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""
+        self._rounds.report(attempt, worker, failure, time.time())
 
-    def script_verdict(self, group: int, round_: int) -> dict[str, Any]:
-        undecided = (group, round_) not in self._rounds.verdicts
-        verdict = self._rounds.verdict(group, round_, time.time())
-        if undecided and verdict["action"] == RESTART:
-            self._watchdog.new_group((group, round_ + 1), self._ranks, time.time())
-            self.push("restart_in_place", group=group, round=round_ + 1, restarts=verdict["restarts"],
-                      max_restarts=self._rounds.max_restarts, failure=verdict["failure"])
+    def script_verdict(self, attempt: int) -> Verdict:
+        undecided = attempt not in self._rounds.verdicts
+        verdict = self._rounds.verdict(attempt, time.time())
+        if undecided and verdict.action == RESTART:
+            self._attempt = verdict.attempt
+            self._watchdog.new_attempt(self._attempt, self._ranks, time.time())
+            self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
+                                     max_restarts=self._rounds.max_restarts, failure=verdict.failure))
         return verdict
 
-    def beat(self, group: int, **beat: Any) -> dict[str, Any]:
-        """A worker's heartbeat. The reply tells it whether its group is hung or asked to stop."""
+    def beat(self, attempt: int, beat: Beat) -> BeatReply:
+        """A rank's heartbeat. The reply tells it whether its attempt is hung or asked to stop."""
         now = time.time()
-        # A script's beats come per round, (group, round); its events number each start of the ranks.
-        number = self._rounds.restarts + 1 if self._rounds is not None else group
-        if beat["rank"] == 0 and beat["step"] > self._last_steps.get(number, (0, 0.0))[0]:
-            self._last_steps[number] = (beat["step"], now)
+        if beat.rank == 0 and beat.step > self._last_steps.get(attempt, (0, 0.0))[0]:
+            self._last_steps[attempt] = (beat.step, now)
         undecided = self._watchdog.verdict is None
-        verdict = self._watchdog.observe(tuple(group) if isinstance(group, list) else group, Beat(**beat), now)
+        verdict = self._watchdog.observe(attempt, beat, now)
+        stop = self._stop_requested is not None
         if self._rounds is not None:
-            # A script's ranks restart in place: the verdict is a failure of the round, not an abort.
+            # A script's ranks restart in place: the verdict is a failure of the attempt, not an abort.
             if verdict is not None and undecided:
-                for rank in verdict["ranks"]:
-                    self._rounds.report(group[0], group[1], -1, {"kind": "hang", "rank": rank, "decisive": True,
-                                                                  "error": verdict["message"], "hang": verdict}, now)
-            return {"abort": self._abort_reason, "stop": self._stop_requested is not None}
+                for rank in verdict.ranks:
+                    self._rounds.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
+                                                      "error": verdict.message, "hang": verdict.to_record()}, now)
+            return BeatReply(abort=self._abort_reason, stop=stop)
         if verdict is not None and undecided:  # recorded once, when it is reached
-            self.push("hang", **verdict)
-        abort = verdict["message"] if verdict else self._abort_reason
-        return {"abort": abort, "stop": self._stop_requested is not None}
+            self.push(verdict)
+        return BeatReply(abort=verdict.message if verdict else self._abort_reason, stop=stop)
 
     def last_steps(self) -> dict[int, tuple[int, float]]:
         return dict(self._last_steps)
@@ -162,15 +177,16 @@ class RunMonitor:
         """What Ray Train's controller needs to classify a failure of the current group: the hang
         verdict, whether the run is stopping, where each rank ran, and the earlier failures'
         errors a retry could have got past (an error back at the same step is the data's)."""
-        places = {e["rank"]: {"node_id": e["node_id"], "pid": e["pid"], "hostname": e.get("hostname", "")}
-                  for e in self._events if e["kind"] == "worker_started" and e.get("group") == self._groups}
+        places = {e.rank: {"node_id": e.node_id, "pid": e.pid, "hostname": e.hostname}
+                  for e in self._events if isinstance(e, RankStarted) and e.attempt == self._attempt}
         earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
-                   if e["kind"] == "failure" for r in e["ranks"] if r.get("signature")]
+                   if isinstance(e, Failure) for r in e.ranks if r.get("signature")]
         exhausted = None
         if self._rounds is not None and self._rounds.exhausted:
             exhausted = (f"the run used all {self._rounds.restarts} restart(s) failure.max_failures "
                          f"({self._rounds.max_restarts}) allows, in place and of the whole group together")
-        return {"hang": None if self._rounds is not None else self._watchdog.verdict,
+        verdict = self._watchdog.verdict
+        return {"hang": verdict.to_record() if verdict is not None and self._rounds is None else None,
                 "stopping": self._stop_requested is not None, "places": places,
                 "taken_over": self._taken_over, "restarts_exhausted": exhausted,
                 "earlier": earlier}
@@ -178,7 +194,7 @@ class RunMonitor:
     def request_stop(self, deadline: float) -> None:
         if self._stop_requested is None:
             self._stop_requested = deadline
-            self.push("stop_requested", deadline=deadline)
+            self.push(StopRequested(deadline=deadline))
 
     def take_over(self, reason: str) -> None:
         """Another driver took the run over (the lease's heartbeat noticed): end the current worker

@@ -38,8 +38,8 @@ used CPU. For them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from orchestrator.protocol import Beat, Hang
 from orchestrator.runtime.heartbeat import FINISHED
 
 TIMED_PHASE = "training"
@@ -51,56 +51,38 @@ SILENT_AFTER_S = 4.0
 
 
 @dataclass
-class Beat:
-    rank: int
-    step: int
-    phase: str
-    # Seconds, on the worker's own clock, since its last step or the start of its phase.
-    idle_s: float
-    node_id: str = ""
-    pid: int = 0
-    # Where the training thread is (file:line in function), for the hang message.
-    frame: str = ""
-    # A script's rank: seconds since its Python stack last moved, and since it last showed any
-    # sign of life (a step, its stack, its CPU time). None for the ctx and Lightning paths.
-    stack_idle_s: float | None = None
-    active_idle_s: float | None = None
-    # When the monitor received it (the monitor's clock).
-    received: float = 0.0
-
-
-@dataclass
 class HangWatchdog:
     hang_timeout_s: float
     # Seconds allowed in each phase of PHASE_LIMIT_FIELDS (a phase absent here is not timed).
     phase_limits: dict[str, float] = field(default_factory=dict)
-    group: int = -1
+    # The attempt judged now (protocol.py): beats of any other are late, and ignored.
+    attempt: int = -1
     world_size: int = 0
     beats: dict[int, Beat] = field(default_factory=dict)
-    verdict: dict[str, Any] | None = None
+    verdict: Hang | None = None
     started: float = 0.0
     # When a rank of the group was last seen in a phase with a limit of its own.
     limited_seen: float = float("-inf")
 
-    def new_group(self, group: int, world_size: int, now: float) -> None:
-        self.group, self.world_size = group, world_size
+    def new_attempt(self, attempt: int, world_size: int, now: float) -> None:
+        self.attempt, self.world_size = attempt, world_size
         self.beats.clear()
         self.verdict = None
         self.limited_seen = float("-inf")
-        # A rank frozen before its first heartbeat is silent since the group began.
+        # A rank frozen before its first heartbeat is silent since the attempt began.
         self.started = now
 
-    def observe(self, group: int, beat: Beat, now: float) -> dict[str, Any] | None:
-        """Record a heartbeat; return the verdict once the group counts as hung (else None)."""
-        if group != self.group:
-            return None  # a late beat of a group already replaced
+    def observe(self, attempt: int, beat: Beat, now: float) -> Hang | None:
+        """Record a heartbeat; return the verdict once the attempt counts as hung (else None)."""
+        if attempt != self.attempt:
+            return None  # a late beat of an attempt already replaced
         beat.received = now
         self.beats[beat.rank] = beat
         if beat.phase in self.phase_limits:
             self.limited_seen = now
         return self.check(now)
 
-    def check(self, now: float) -> dict[str, Any] | None:
+    def check(self, now: float) -> Hang | None:
         if self.verdict is not None:
             return self.verdict
         limit = self.hang_timeout_s
@@ -153,7 +135,7 @@ class HangWatchdog:
         return ranks if all(still(b) for b in ranks) else []
 
     def _verdict(self, what: str, ranks: list[Beat], now: float, limit_s: float | None = None,
-                 limit_field: str | None = None) -> dict[str, Any]:
+                 limit_field: str | None = None) -> Hang:
         culprits = sorted(ranks, key=lambda b: b.rank)
         culprit_ranks = {b.rank for b in culprits}
         others = [b for r, b in sorted(self.beats.items()) if r not in culprit_ranks]
@@ -167,5 +149,5 @@ class HangWatchdog:
         limit_s = self.hang_timeout_s if limit_s is None else limit_s
         limit_field = limit_field or "failure.hang_timeout_s"
         message = f"{who} {what} for more than {limit_s:g} s ({limit_field}): " + "; ".join(detail)
-        return {"group": self.group, "what": what, "ranks": [b.rank for b in culprits],
-                "nodes": [b.node_id for b in culprits], "message": message, "time": now}
+        return Hang(attempt=self.attempt, what=what, ranks=[b.rank for b in culprits],
+                    nodes=[b.node_id for b in culprits], message=message, time=now)

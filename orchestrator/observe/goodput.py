@@ -29,6 +29,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.protocol import Event, Finished, Progress, RankStarted
+
 
 @dataclass
 class _Group:
@@ -56,32 +58,29 @@ class _Group:
         return (self.last_time - self.first_time) / (self.last_step - self.first_step)
 
 
-def compute(events: list[dict[str, Any]], *, started: float, ended: float,
+def compute(events: list[Event], *, started: float, ended: float,
             capacity_waits: list[tuple[float, float]] = (),
             last_steps: dict[int, tuple[int, float]] | None = None) -> dict[str, Any]:
     """Goodput of a run: `events` from the monitor, wall times on the driver's clock.
 
-    `last_steps`: per group, the newest (step, time) the monitor saw in heartbeats (more recent
+    `last_steps`: per attempt, the newest (step, time) the monitor saw in heartbeats (more recent
     than the last progress event, which comes every few seconds).
     """
-    groups: dict[int, _Group] = {}
+    groups: dict[int, _Group] = {}  # per attempt
     for event in events:
-        group = event.get("group")
-        kind = event["kind"]
-        if kind == "worker_started" and event.get("rank") == 0 and group is not None:
-            groups[group] = _Group(restored_step=event.get("restored_step") or 0)
-        elif kind in ("progress", "finished") and group in groups:
-            if kind == "progress" and event.get("step", 0) <= groups[group].restored_step:
-                continue  # an epoch-boundary report before any step of this group
-            groups[group].see(int(event["step"]), event["time"])
-            stall = event.get("stall_s", event.get("checkpoint_stall_s"))
-            if stall is not None:
-                groups[group].stall_s = float(stall)
-            if event.get("step_time_s"):
-                groups[group].timed_s = float(event["step_time_s"])
-    for group, (step, when) in (last_steps or {}).items():
-        if group in groups and step > groups[group].restored_step:
-            groups[group].see(step, when)
+        if isinstance(event, RankStarted) and event.rank == 0:
+            groups[event.attempt] = _Group(restored_step=event.restored_step or 0)
+        elif isinstance(event, (Progress, Finished)) and event.attempt in groups:
+            group = groups[event.attempt]
+            if isinstance(event, Progress) and event.step <= group.restored_step:
+                continue  # an epoch-boundary report before any step of this attempt
+            group.see(int(event.step), event.time)
+            group.stall_s = float(event.stall_s if isinstance(event, Progress) else event.checkpoint_stall_s)
+            if event.step_time_s:
+                group.timed_s = float(event.step_time_s)
+    for attempt, (step, when) in (last_steps or {}).items():
+        if attempt in groups and step > groups[attempt].restored_step:
+            groups[attempt].see(step, when)
 
     stepped = [g for _, g in sorted(groups.items()) if g.first_time is not None]
     times = [t for t in (g.step_time() for g in stepped) if t is not None]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 from ray.util.metrics import Counter, Gauge
 
 from orchestrator.observe.goodput import compute as compute_goodput
+from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted
 
 PREFIX = "orchestrator_"
 
@@ -66,58 +66,56 @@ class RunMetrics:
         self.values: dict[str, float] = {}
         self.user: dict[str, float] = {}
         self.restarts: dict[str, int] = {}
-        self._goodput_events: list[dict[str, Any]] = []
-        self._groups = 0
+        self._goodput_events: list[Event] = []
+        self._attempts = 0
         self._pending_cause: str | None = None
-        self._last_progress: tuple[int, int, float] | None = None  # (group, step, time)
-        self._stall_by_group: dict[int, float] = {}
+        self._last_progress: tuple[int, int, float] | None = None  # (attempt, step, time)
+        self._stall_by_attempt: dict[int, float] = {}
         self._newest_checkpoint_time: float | None = None
         self._goodput_at = float("-inf")
 
-    def observe(self, event: dict[str, Any]) -> None:
+    def observe(self, event: Event) -> None:
         """One event of the run monitor (see monitor.py), in the order they were pushed."""
-        kind = event["kind"]
-        if kind in ("worker_started", "progress", "finished"):
+        if isinstance(event, (RankStarted, Progress, Finished)):
             self._goodput_events.append(event)
-        if kind == "worker_started" and event.get("rank") == 0:
-            self._group_started(event)
-        elif kind == "failure":
-            self._pending_cause = event["classification"]
-        elif kind in ("progress", "finished"):
+        if isinstance(event, RankStarted) and event.rank == 0:
+            self._attempt_started(event)
+        elif isinstance(event, Failure):
+            self._pending_cause = event.classification
+        elif isinstance(event, (Progress, Finished)):
             self._progress(event)
-        elif kind == "checkpoint":
+        elif isinstance(event, CheckpointCommitted):
             self._checkpoints.inc(1, tags=self._tags)
-            self._newest_checkpoint_time = event["time"]
-            self.values["checkpoint_step"] = float(event["step"])
+            self._newest_checkpoint_time = event.time
+            self.values["checkpoint_step"] = float(event.step)
             # Progress comes every few seconds; a committed step is done, whatever it said last.
-            self.values["global_step"] = max(self.values.get("global_step", 0.0), float(event["step"]))
+            self.values["global_step"] = max(self.values.get("global_step", 0.0), float(event.step))
 
-    def _group_started(self, event: dict[str, Any]) -> None:
-        self._groups += 1
-        self.values["world_size"] = float(event["world_size"])
-        self.values["global_step"] = float(event.get("restored_step") or 0)
-        if self._groups > 1:
+    def _attempt_started(self, event: RankStarted) -> None:
+        self._attempts += 1
+        self.values["world_size"] = float(event.world_size)
+        self.values["global_step"] = float(event.restored_step or 0)
+        if self._attempts > 1:
             cause = self._pending_cause or RESIZE
             self.restarts[cause] = self.restarts.get(cause, 0) + 1
             self._restarts.inc(1, tags={**self._tags, "cause": cause})
         self._pending_cause = None
 
-    def _progress(self, event: dict[str, Any]) -> None:
-        group, step, when = event.get("group"), int(event["step"]), event["time"]
+    def _progress(self, event: Progress | Finished) -> None:
+        attempt, step, when = event.attempt, int(event.step), event.time
         previous = self._last_progress
-        if previous and previous[0] == group and step > previous[1]:
+        if previous and previous[0] == attempt and step > previous[1]:
             self.values["step_time_seconds"] = (when - previous[2]) / (step - previous[1])
-        if not previous or previous[0] != group or step > previous[1]:
-            self._last_progress = (group, step, when)
+        if not previous or previous[0] != attempt or step > previous[1]:
+            self._last_progress = (attempt, step, when)
         self.values["global_step"] = max(self.values.get("global_step", 0.0), float(step))
-        self.values["epoch"] = float(event.get("epoch", 0))
-        if event.get("samples_per_s"):
-            self.values["samples_per_second"] = float(event["samples_per_s"])
-        stall = event.get("stall_s", event.get("checkpoint_stall_s"))
-        if stall is not None and group is not None:
-            self._stall_by_group[group] = float(stall)
-            self.values["checkpoint_stall_seconds"] = sum(self._stall_by_group.values())
-        for name, value in (event.get("metrics") or {}).items():
+        self.values["epoch"] = float(event.epoch)
+        if isinstance(event, Progress) and event.samples_per_s:
+            self.values["samples_per_second"] = float(event.samples_per_s)
+        self._stall_by_attempt[attempt] = float(event.stall_s if isinstance(event, Progress)
+                                                else event.checkpoint_stall_s)
+        self.values["checkpoint_stall_seconds"] = sum(self._stall_by_attempt.values())
+        for name, value in event.metrics.items():
             if isinstance(value, (int, float)) and math.isfinite(value):
                 if name == "loss":
                     self.values["loss"] = float(value)
@@ -130,7 +128,7 @@ class RunMetrics:
         if self._newest_checkpoint_time is not None:
             self.values["checkpoint_age_seconds"] = max(0.0, now - self._newest_checkpoint_time)
         # Goodput reads every event so far: recomputed every GOODPUT_EVERY_S, not at each poll.
-        if now - self._goodput_at >= GOODPUT_EVERY_S and any(e["kind"] == "progress" for e in self._goodput_events):
+        if now - self._goodput_at >= GOODPUT_EVERY_S and any(isinstance(e, Progress) for e in self._goodput_events):
             self._goodput_at = now
             goodput = compute_goodput(self._goodput_events, started=self.started, ended=now)
             # Until some group has a step time, its steps are worth nothing in the sum: a 0 would

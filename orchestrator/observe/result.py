@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator import storage
 from orchestrator.observe.goodput import describe as goodput_line
+from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
@@ -65,43 +66,44 @@ class RunResult:
         return self.final_checkpoint
 
     @classmethod
-    def from_events(cls, job, run_dir: Location, events: list[dict[str, Any]], choice, *, wall_seconds: float,
+    def from_events(cls, job, run_dir: Location, events: list[Event], choice, *, wall_seconds: float,
                     error: BaseException | None, stopped_by: str | None = None,
                     goodput: dict[str, Any] | None = None) -> RunResult:
-        by_group: dict[int, list[dict[str, Any]]] = {}
+        by_attempt: dict[int, list[RankStarted]] = {}
         for event in events:
-            if event["kind"] == "worker_started":
-                by_group.setdefault(event["group"], []).append(event)
-        groups = [by_group[g] for g in sorted(by_group)]
-        finished = next((e for e in reversed(events) if e["kind"] == "finished"), None)
-        progress = next((e for e in reversed(events) if e["kind"] == "progress"), None)
-        checkpoints = [e for e in events if e["kind"] == "checkpoint"]
-        source = finished or progress or {}
-        last_group = sorted(groups[-1], key=lambda e: e["rank"]) if groups else []
+            if isinstance(event, RankStarted):
+                by_attempt.setdefault(event.attempt, []).append(event)
+        attempts = [by_attempt[a] for a in sorted(by_attempt)]
+        finished = next((e for e in reversed(events) if isinstance(e, Finished)), None)
+        progress = next((e for e in reversed(events) if isinstance(e, Progress)), None)
+        checkpoints = [e for e in events if isinstance(e, CheckpointCommitted)]
+        source = finished or progress
+        last = sorted(attempts[-1], key=lambda e: e.rank) if attempts else []
         return cls(
             name=job.name,
             status=_status(error, finished, stopped_by, events),
             run_dir=run_dir.uri,
-            world_size=last_group[0]["world_size"] if last_group else job.scaling.num_workers,
-            global_step=int(source.get("step", 0)),
-            epochs=int(source.get("epoch", 0)),
-            metrics=dict(source.get("metrics", {})),
-            final_checkpoint=((finished or {}).get("final_checkpoint")
-                              or (checkpoints[-1]["uri"] if checkpoints else None)),
-            weights_sha256=(finished or {}).get("weights_sha256"),
+            world_size=last[0].world_size if last else job.scaling.num_workers,
+            global_step=int(source.step) if source else 0,
+            epochs=int(source.epoch) if source else 0,
+            metrics=dict(source.metrics) if source else {},
+            final_checkpoint=((finished.final_checkpoint if finished else None)
+                              or (checkpoints[-1].uri if checkpoints else None)),
+            weights_sha256=finished.weights_sha256 if finished else None,
             wall_seconds=round(wall_seconds, 3),
             resumed_from=choice.to_dict(),
-            workers=[{k: e[k] for k in ("rank", "node_id", "hostname", "pid")} for e in last_group],
-            world_sizes_seen=_changes([g[0]["world_size"] for g in groups]),
-            restarts=max(0, len(groups) - 1),
-            starts=[{"world_size": g[0]["world_size"], "restored_step": g[0]["restored_step"],
-                     "restored_from": g[0]["restored_from"]} for g in groups],
+            workers=[{"rank": e.rank, "node_id": e.node_id, "hostname": e.hostname, "pid": e.pid} for e in last],
+            world_sizes_seen=_changes([a[0].world_size for a in attempts]),
+            restarts=max(0, len(attempts) - 1),
+            starts=[{"attempt": a[0].attempt, "world_size": a[0].world_size, "restored_step": a[0].restored_step,
+                     "restored_from": a[0].restored_from} for a in attempts],
             checkpoints_committed=len(checkpoints),
-            # Every worker group's stall (goodput sums them), not only the last one's.
+            # Every attempt's stall (goodput sums them), not only the last one's.
             checkpoint_stall_s=round(float((goodput or {}).get("lost_s", {}).get("checkpoint_stall")
-                                           or (finished or {}).get("checkpoint_stall_s", 0.0)), 4),
-            final_flush_s=round(float((finished or {}).get("final_flush_s", 0.0)), 4),
-            failures=[{k: v for k, v in e.items() if k != "kind"} for e in events if e["kind"] == "failure"],
+                                           or (finished.checkpoint_stall_s if finished else 0.0)), 4),
+            final_flush_s=round(float(finished.final_flush_s if finished else 0.0), 4),
+            failures=[{k: v for k, v in e.to_record().items() if k != "kind"} for e in events
+                      if isinstance(e, Failure)],
             goodput=goodput or {},
             error=_error_line(error, stopped_by),
             kind=job.kind,
@@ -148,11 +150,11 @@ def _changes(values: list[int]) -> list[int]:
     return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
 
 
-def _status(error: BaseException | None, finished: dict[str, Any] | None, stopped_by: str | None,
-            events: list[dict[str, Any]]) -> str:
-    if stopped_by or (finished or {}).get("stopped"):
+def _status(error: BaseException | None, finished: Finished | None, stopped_by: str | None,
+            events: list[Event]) -> str:
+    if stopped_by or (finished is not None and finished.stopped):
         return "stopped"
-    if error is not None and any(e["kind"] == "failure" and e["classification"] == TAKEN_OVER for e in events):
+    if error is not None and any(isinstance(e, Failure) and e.classification == TAKEN_OVER for e in events):
         return TAKEN_OVER
     return "failed" if error is not None or finished is None else "finished"
 

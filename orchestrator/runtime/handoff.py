@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.spec import JobSpec
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 # The key of the record in Ray Train's train_loop_config (which must be a dict).
 CONFIG_KEY = "orchestrator"
+
+
+@dataclass(frozen=True)
+class LeaseFence:
+    """The driver's writer lease on the run (checkpoint/lease.py): every commit and deletion first
+    checks that it is still current, so an orphaned group of a replaced driver changes nothing."""
+
+    generation: int
+    # The nonce it took that generation with (two drivers racing for one generation on an object
+    # store are told apart by it).
+    nonce: str
+
+
+@dataclass(frozen=True)
+class ScriptContext:
+    """A torchrun script's run: what of the user's shell its ranks get, as under torchrun."""
+
+    # The driver's directory: the ranks start there when this node has it (a shared checkout).
+    cwd: str
+    # The shell's NCCL_*, TORCH_*, GLOO_* and OMP_NUM_THREADS.
+    env: dict[str, str] = field(default_factory=dict)
+    # The shell's niceness (Ray starts its workers at 15; the ranks take the user's).
+    niceness: int = 0
 
 
 @dataclass(frozen=True)
@@ -17,20 +43,15 @@ class WorkerConfig:
     run_uri: str
     # The driver's resume choice (None: a fresh run); a restarted group resumes from newer ones.
     resume_uri: str | None
-    # The RunMonitor actor: events, heartbeats, resume points across restarts.
-    monitor: Any
+    # The RunMonitor actor (driver/monitor.py): events, heartbeats, resume points across restarts.
+    monitor: ActorHandle
     # Where each rank's log goes (local and shared filesystems only).
     log_dir: str | None
-    # The driver's writer lease on the run: every commit and deletion checks it is still current.
-    lease_generation: int | None
-    # ... and the nonce it took that generation with (two drivers racing for one generation on an
-    # object store are told apart by it).
-    lease_nonce: str | None
+    # None: the run's storage has no lease (a test's store).
+    fence: LeaseFence | None
     # The nonce of the storage marker the driver wrote: each worker must read it back.
     storage_nonce: str | None
-    # A torchrun script's run: the driver's directory ("cwd") and the variables of the user's shell
-    # that reach every rank as they would under torchrun ("env": NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS).
-    script_context: dict[str, Any] | None = None
+    script_context: ScriptContext | None = None
 
     def to_config(self) -> dict[str, Any]:
         return {CONFIG_KEY: self}

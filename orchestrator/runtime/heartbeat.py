@@ -1,8 +1,8 @@
 """A worker's heartbeat: what its training thread is doing, sent to the run monitor every second.
 
 The training thread only sets a few attributes (`phase`, `stepped`): nothing on the hot path
-talks to Ray. A daemon thread sends them, with where the training thread stands, and acts on
-the reply:
+talks to the monitor. A daemon thread sends them (through monitor_client.py), with where the
+training thread stands, and acts on the reply:
 - the group is hung (the watchdog's verdict): this worker ends its own process, so that Ray
   Train notices at its next health check and restarts the group from the newest checkpoint.
   The training thread may be blocked in a collective that would otherwise wait for half an
@@ -21,9 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-import ray
-
 from orchestrator.failures import is_user_file
+from orchestrator.protocol import Beat
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -45,9 +44,9 @@ WORKING, FINISHED = "working", "finished"
 
 
 class Heartbeat:
-    def __init__(self, monitor, group: int, rank: int, *, node_id: str = "",
+    def __init__(self, monitor, attempt: int, rank: int, *, node_id: str = "",
                  flush_logs: Callable[[], None] = lambda: None, interval_s: float = HEARTBEAT_INTERVAL_S):
-        self.monitor, self.group, self.rank = monitor, group, rank
+        self.monitor, self.attempt, self.rank = monitor, attempt, rank
         self.node_id = node_id
         self.step = 0
         self.phase = STARTING
@@ -99,18 +98,18 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._closed.wait(self._interval_s):
             try:
-                reply = ray.get(self.monitor.beat.remote(self.group, **self._beat()), timeout=REPLY_TIMEOUT_S)
+                reply = self.monitor.beat(self.attempt, self._beat(), REPLY_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge, not ours
                 continue
-            if reply.get("stop"):
+            if reply.stop:
                 self.stop_requested = True
-            if reply.get("abort") and not self._closed.is_set():
-                self._end_process(reply["abort"])
+            if reply.abort and not self._closed.is_set():
+                self._end_process(reply.abort)
 
-    def _beat(self) -> dict:
+    def _beat(self) -> Beat:
         idle = time.monotonic() - self._since
-        return {"rank": self.rank, "step": self.step, "phase": self.phase, "idle_s": idle,
-                "node_id": self.node_id, "pid": os.getpid(), "frame": self._frame() if idle > 2 else ""}
+        return Beat(rank=self.rank, step=self.step, phase=self.phase, idle_s=idle, node_id=self.node_id,
+                    pid=os.getpid(), frame=self._frame() if idle > 2 else "")
 
     def _frame(self) -> str:
         """Where the training thread stands: its innermost frame in the user's own code, and the

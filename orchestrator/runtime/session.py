@@ -18,21 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-import ray.train
-import torch
-
-from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease
+from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease, loads_state
 from orchestrator.checkpoint.files import CheckpointUnreadable, Payload
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.failures import TransientStartError
 from orchestrator.observe.metrics import WorkerMetrics
+from orchestrator.protocol import CheckpointCommitted, Finished, Preemption, RankStarted, ResumeFallback, RunWarning
+from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir, storage_marker_problem
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
 from orchestrator.runtime.collectives import configure as configure_collectives
 from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
+from orchestrator.runtime.identity import RankIdentity
+from orchestrator.runtime.metric_values import metric_floats
+from orchestrator.runtime.monitor_client import MonitorClient
 from orchestrator.runtime.rng import capture_rng
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
@@ -130,18 +131,16 @@ class WorkerSession:
         configure_collectives(self.spec.failure)
         self.run_uri: str = config.run_uri
         self.resume_uri: str | None = config.resume_uri
-        self.monitor = config.monitor
+        self.monitor = MonitorClient(config.monitor)
         self.run_dir = RunDir.at(self.run_uri)
-        context = ray.train.get_context()
-        self.rank = context.get_world_rank()
-        self.world_size = context.get_world_size()
-        self.local_rank = context.get_local_rank()
-        self.node_id = ray.get_runtime_context().get_node_id()
-        generation, nonce = config.lease_generation, config.lease_nonce
+        identity = RankIdentity.from_env()
+        self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
+        self.node_id = identity.node_id
+        fence = config.fence
         # Every commit and deletion first checks that the driver that started this group still
         # holds the run: an orphaned group of a driver that was replaced changes nothing.
-        self.store = CheckpointStore(self.run_dir.location, fence=None if generation is None else
-                                     (lambda: lease.fence(self.run_dir, generation, nonce)))
+        self.store = CheckpointStore(self.run_dir.location, fence=None if fence is None else
+                                     (lambda: lease.fence(self.run_dir, fence.generation, fence.nonce)))
         # Sharded state (fsdp on either path): every rank writes its own part of each checkpoint.
         self.sharded = self.spec.sharded
         self.writer = AsyncCheckpointWriter(
@@ -155,9 +154,9 @@ class WorkerSession:
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
-        # This worker group's number in the run (from the monitor), and the checkpoint it started
-        # from (None: a fresh start).
-        self.group = 0
+        # This start of the ranks' number in the run (protocol.py: the attempt, from the monitor),
+        # and the checkpoint it started from (None: a fresh start).
+        self.attempt = 0
         self.restored_uri: str | None = None
         self._rank0_restored: Restored | None = None
         self._last_progress = 0.0
@@ -196,10 +195,10 @@ class WorkerSession:
             raise TransientStartError(
                 f"the worker group could not resume from checkpoint {decision['uri']}: {errors[0]}. "
                 "Ray Train starts the group again (counted against failure.max_failures).")
-        self.group = decision["group"]
-        # Which start of the run's worker group this is, for the user's code (logs, records).
-        os.environ["ORCHESTRATOR_ATTEMPT"] = str(self.group)
-        self.heartbeat = Heartbeat(self.monitor, self.group, self.rank, node_id=self.node_id,
+        self.attempt = decision["attempt"]
+        # Which start of the run's ranks this is, for the user's code (logs, records).
+        os.environ["ORCHESTRATOR_ATTEMPT"] = str(self.attempt)
+        self.heartbeat = Heartbeat(self.monitor, self.attempt, self.rank, node_id=self.node_id,
                                    flush_logs=_flush_logs).start()
         if restored is not None:
             # The state at that step is committed already: saving it again would only rewrite it.
@@ -228,28 +227,26 @@ class WorkerSession:
 
     def _decide(self, keep: Callable[[str], bool] | None) -> dict[str, Any]:
         """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
-        begun = ray.get(self.monitor.begin_group.remote(self.world_size), timeout=60)
-        candidate = begun["latest_uri"] or self.resume_uri
+        begun = self.monitor.begin_attempt(self.world_size)
+        candidate = begun.latest_uri or self.resume_uri
         point = choose_resume_point(self.store, candidate, keep)
         self._rank0_restored = point.restored
         if point.fallback_cause is not None:
             log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
                         candidate, point.fallback_cause, point.uri)
-            self.monitor.push.remote("resume_fallback", wanted=candidate, cause=point.fallback_cause, uri=point.uri)
+            self.monitor.send(ResumeFallback(wanted=candidate, cause=point.fallback_cause, uri=point.uri))
         # A failed decision keeps the checkpoint wanted: the start's error names it.
-        return {"group": begun["group"], "uri": point.uri, "error": point.error}
+        return {"attempt": begun.attempt, "uri": point.uri, "error": point.error}
 
     def announce(self, restored: Restored | None) -> None:
-        self.monitor.push.remote(
-            "worker_started", rank=self.rank, world_size=self.world_size, group=self.group,
-            node_id=self.node_id, hostname=socket.gethostname(),
-            pid=os.getpid(), restored_from=restored.info.uri if restored else None,
-            restored_step=restored.info.step if restored else None,
-        )
+        self.monitor.send(RankStarted(
+            rank=self.rank, world_size=self.world_size, attempt=self.attempt, node_id=self.node_id,
+            hostname=socket.gethostname(), pid=os.getpid(), restored_from=restored.info.uri if restored else None,
+            restored_step=restored.info.step if restored else None))
 
     def note_once(self, message: str) -> None:
         """A statement for the driver's output (how a loader resumes...); printed once per run."""
-        self.monitor.push.remote("warning", message=message)
+        self.monitor.send(RunWarning(message=message))
 
     # --- progress -----------------------------------------------------------------------------
 
@@ -274,8 +271,10 @@ class WorkerSession:
         if self._samples_since and self._last_progress:
             samples_per_s = self._samples_since * self.world_size / max(now - self._since, 1e-9)
         self._samples_since, self._since, self._last_progress = 0, now, now
-        self.monitor.push.remote("progress", samples_per_s=samples_per_s, group=self.group, first_step=first_step,
-                                 stall_s=self.stall_seconds, **progress.to_dict())
+        self.monitor.send(ProgressEvent(
+            samples_per_s=samples_per_s, attempt=self.attempt, first_step=first_step, stall_s=self.stall_seconds,
+            step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
+            consumed=progress.consumed, metrics=metric_floats(progress.metrics)))
 
     # --- saving -------------------------------------------------------------------------------
 
@@ -295,7 +294,7 @@ class WorkerSession:
         left = f"{max(0.0, deadline_ms / 1000 - time.time()):.0f} s" if deadline_ms else "an unknown time"
         nodes = list(getattr(notice, "preempted_node_ids", []))
         log.warning("node(s) %s will be preempted in %s: checkpointing at step %d", nodes, left, step)
-        self.monitor.push.remote("preemption", step=step, nodes=nodes, seconds_left=left)
+        self.monitor.send(Preemption(step=step, nodes=nodes, seconds_left=left))
 
     @contextlib.contextmanager
     def stalling(self):
@@ -323,6 +322,10 @@ class WorkerSession:
             return restored.files[fname]
         return self.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
 
+    def restored_state(self, restored: Restored, fname: str) -> Any:
+        """A torch-saved file of the checkpoint being resumed, loaded without unpickling objects."""
+        return loads_state(self.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+
     def prepare_snapshot(self, state: Any) -> None:
         """Once training runs, on each rank that writes: get snapshot memory ready in the background."""
         if self.writer is not None:
@@ -347,7 +350,7 @@ class WorkerSession:
             return
         manifest = Manifest(step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
                             consumed=progress.consumed, world_size=self.world_size, kind=self.spec.kind, files={},
-                            metrics=_floats(progress.metrics), reason=reason, sharded=self.sharded,
+                            metrics=metric_floats(progress.metrics), reason=reason, sharded=self.sharded,
                             strategy=self.spec.strategy, spec=self._spec_record)
         if self.sharded:
             self.writer.save_shard(manifest, token, self.rank, build_files)
@@ -362,16 +365,16 @@ class WorkerSession:
         never fails for them, and the next pass retries.
         """
         if info.status == "committed":
-            self.monitor.push.remote("checkpoint", uri=info.uri, step=info.step, name=info.name,
-                                     reason=info.manifest.reason if info.manifest else "")
+            self.monitor.send(CheckpointCommitted(uri=info.uri, step=info.step, name=info.name,
+                                                         reason=info.manifest.reason if info.manifest else ""))
         else:
-            self.monitor.push.remote("warning", message=f"checkpoint {info.uri} was written but does not read "
-                                     f"back intact ({info.problem}); the checkpoints before it are kept")
+            self.monitor.send(RunWarning(message=f"checkpoint {info.uri} was written but does not read "
+                                                f"back intact ({info.problem}); the checkpoints before it are kept"))
         best = self.spec.checkpoint.keep_best
         report = self.store.retain(self.spec.checkpoint.keep_last,
                                    (best.k, best.monitor, best.mode) if best else None)
         for problem in report.problems:
-            self.monitor.push.remote("warning", message=f"checkpoint retention: {problem}")
+            self.monitor.send(RunWarning(message=f"checkpoint retention: {problem}"))
 
     def abandon(self) -> None:
         """The training loop raised: still commit the checkpoint already handed to the writer.
@@ -411,24 +414,14 @@ class WorkerSession:
             # Waited for: the worker may be torn down as soon as this function returns, and a
             # call still queued in it would be lost. Calls from one caller arrive in order, so
             # the checkpoint events sent before this one are delivered too.
-            ray.get(self.monitor.push.remote(
-                "finished", weights_sha256=fingerprint, final_checkpoint=final_checkpoint, group=self.group,
+            self.monitor.send_and_wait(Finished(
+                weights_sha256=fingerprint, final_checkpoint=final_checkpoint, attempt=self.attempt,
                 checkpoint_stall_s=stall, final_flush_s=final_flush, stopped=stopped,
-                metrics={**_floats(progress.metrics), **_floats(extra_metrics)},
-                **{k: v for k, v in progress.to_dict().items() if k != "metrics"},
-            ), timeout=60)
+                metrics={**metric_floats(progress.metrics), **metric_floats(extra_metrics)},
+                step=progress.step, epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch,
+                consumed=progress.consumed))
         self.heartbeat.close()
         _flush_logs()
-
-
-def _floats(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
-    return out
 
 
 # --- worker logs -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tempfile
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -31,30 +31,27 @@ from lightning.pytorch.callbacks import Callback
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from orchestrator.checkpoint import Serialized, loads_state
+from orchestrator.checkpoint import Serialized
+from orchestrator.checkpoint.names import LIGHTNING_STATE, shard_file
 from orchestrator.checkpoint.serialization import plain_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
-from orchestrator.data.seeded import for_workers
+from orchestrator.data.seeded import global_order_loader
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
 from orchestrator.runtime.lightning.datamodule import build_datamodule
 from orchestrator.runtime.lightning.fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.runtime.lightning.loggers import build_loggers, continue_logger_runs
+from orchestrator.runtime.metric_values import metric_floats
 from orchestrator.runtime.rng import restore_rng, seed_everything
+from orchestrator.runtime.scratch import make_scratch
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import full_model_state, local_state
 from orchestrator.runtime.train_state import Progress
 
 log = logging.getLogger("orchestrator.worker")
 
-CKPT_FILE = "lightning.ckpt"
-
-
-def shard_file(rank: int) -> str:
-    """Rank `rank`'s file of a sharded checkpoint (lightning.trainer.strategy: fsdp): Lightning's
-    whole checkpoint dict, with this rank's part of the model and optimizer states."""
-    return f"lightning-{rank:05d}.ckpt"
+CKPT_FILE = LIGHTNING_STATE
 
 # The "path" Lightning is given to save to and resume from: StoreCheckpointIO maps it to the store.
 STORE_PATH_PREFIX = "orchestrator-store://"
@@ -169,7 +166,7 @@ class OrchestratorCallback(Callback):
     def on_validation_end(self, trainer, pl_module):
         """The checkpoints saved from now on carry the new validation metrics (keep_best ranks by them)."""
         if not trainer.sanity_checking:
-            self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
+            self.progress.metrics.update(metric_floats(trainer.callback_metrics))
 
     def on_sanity_check_start(self, trainer, pl_module):
         self.session.heartbeat.enter(VALIDATION)
@@ -191,7 +188,7 @@ class OrchestratorCallback(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.session.heartbeat.enter(EPOCH_END)
-        self.progress.metrics.update(_metric_floats(trainer.callback_metrics))
+        self.progress.metrics.update(metric_floats(trainer.callback_metrics))
         self.progress.consumed = 0
         self._update(trainer, batch_in_epoch=0, epoch=trainer.current_epoch + 1)
         self.session.progress(self.progress, force=True)
@@ -239,7 +236,7 @@ class OrchestratorCallback(Callback):
         if self.checkpoint_files is not None:
             files = {name: plain_state(state, name) for name, state in self.checkpoint_files(checkpoint).items()}
         else:
-            files = {shard_file(self.session.rank) if self.session.sharded else CKPT_FILE: checkpoint}
+            files = {shard_file(CKPT_FILE, self.session.rank) if self.session.sharded else CKPT_FILE: checkpoint}
         snapshot = self.session.snapshot(files)
         self.session.commit(self.progress, self._reason,
                             lambda: {name: Serialized(state) for name, state in snapshot.items()}, token=self._token)
@@ -252,21 +249,12 @@ def train_lightning(session: WorkerSession) -> None:
     # Lightning's root dir is a scratch folder of this worker that goes with it (nothing of
     # ours is written there: checkpoints go to the store through StoreCheckpointIO). A worker
     # that was killed cannot remove its own: the next one on the machine does.
-    _remove_scratch_of_dead_workers()
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:
+    scratch = make_scratch(SCRATCH_PREFIX)
+    try:
         _train(session, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
-
-def _remove_scratch_of_dead_workers() -> None:
-    import shutil
-
-    from orchestrator.cluster.processes import is_alive
-
-    root = tempfile.gettempdir()
-    for name in os.listdir(root):
-        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        if name.startswith(SCRATCH_PREFIX) and pid.isdigit() and not is_alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def _train(session: WorkerSession, scratch: str) -> None:
@@ -279,7 +267,7 @@ def _train(session: WorkerSession, scratch: str) -> None:
 
         keep = functools.partial(kept_by_rank, rank=session.rank)
     else:
-        keep = {CKPT_FILE, shard_file(session.rank)}.__contains__
+        keep = {CKPT_FILE, shard_file(CKPT_FILE, session.rank)}.__contains__
     restored = session.start(keep=keep)
     session.announce(restored)
     model: pl.LightningModule = spec.model.build()
@@ -333,7 +321,7 @@ def _train(session: WorkerSession, scratch: str) -> None:
     if _has_test(model, datamodule):
         results = trainer.test(model, datamodule=datamodule, verbose=False)
         for result in results:
-            test_metrics.update(_metric_floats(result))
+            test_metrics.update(metric_floats(result))
     session.finish(callback.progress, _fingerprint(session, model, strategy), test_metrics)
 
 
@@ -354,7 +342,7 @@ def _deepspeed_strategy(session: WorkerSession, restored: Restored | None, clien
 
     def read(name: str) -> Any:
         assert restored is not None
-        state = loads_state(session.restored_file(restored, name), source=f"{restored.info.uri}/{name}")
+        state = session.restored_state(restored, name)
         restored.files.pop(name, None)
         return state
 
@@ -379,8 +367,8 @@ def _reshard_loader(session: WorkerSession, restored: Restored | None):
     old_world = restored.manifest.world_size
 
     def read_old(old_rank: int) -> dict[str, Any]:
-        fname = shard_file(old_rank)
-        return loads_state(session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+        fname = shard_file(CKPT_FILE, old_rank)
+        return session.restored_state(restored, fname)
 
     return lambda objects: reshard_parts(objects, read_old, old_world=old_world, world_size=session.world_size,
                                          rank=session.rank)
@@ -398,10 +386,10 @@ def _prepare_resume(session: WorkerSession, restored: Restored | None
 
         fname = client_state_file(sorted(restored.manifest.files), session.rank)
     elif session.sharded:  # this rank's own shard; at another world size, rank 0's (resharded later)
-        fname = shard_file(session.rank if restored.manifest.world_size == session.world_size else 0)
+        fname = shard_file(CKPT_FILE, session.rank if restored.manifest.world_size == session.world_size else 0)
     else:
         fname = CKPT_FILE
-    state = loads_state(session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+    state = session.restored_state(restored, fname)
     restored.files.pop(fname, None)  # Lightning gets the loaded state; the bytes are not needed again
     ranks = state.pop(RANKS_KEY, None) or []
     pending = ranks[session.rank]["rng"] if len(ranks) == session.world_size else None
@@ -452,14 +440,14 @@ def _use_global_order_train_loader(datamodule: pl.LightningDataModule, session: 
                 self.trainer.accumulate_grad_batches = accumulation
         else:
             micro, global_batch = loader.batch_size, loader.batch_size * world
-        sampler = GlobalOrderSampler(loader.dataset, world_size=world, rank=rank, global_batch=global_batch,
-                                     micro_batch=micro, shuffle=isinstance(loader.sampler, RandomSampler),
-                                     seed=spec.seed, drop_last=loader.drop_last)
+        positioned, sampler = global_order_loader(
+            loader.dataset, world_size=world, rank=rank, global_batch=global_batch, micro_batch=micro,
+            shuffle=isinstance(loader.sampler, RandomSampler), seed=spec.seed, drop_last=loader.drop_last,
+            loader_class=_PositionedLoader, **_loader_settings(loader))
         sampler.start_at(position["epoch"], position["consumed"])
         sampler.set_epoch(position["epoch"])
         order.sampler = sampler
-        dataset, indices = for_workers(loader.dataset, sampler, seed=spec.seed, num_workers=loader.num_workers)
-        return _PositionedLoader(dataset, batch_size=micro, sampler=indices, **_loader_settings(loader))
+        return positioned
 
     datamodule.__class__ = type(original_cls.__name__, (original_cls,), {"train_dataloader": train_dataloader})
 
@@ -525,13 +513,3 @@ def _has_test(model: pl.LightningModule, datamodule: pl.LightningDataModule) -> 
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
     return is_overridden("test_step", model) and is_overridden("test_dataloader", datamodule)
-
-
-def _metric_floats(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            out[key] = float(value.detach())
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
-    return out

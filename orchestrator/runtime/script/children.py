@@ -1,6 +1,6 @@
 """One node's K ranks of a torchrun script: their environment, their processes, their logs.
 
-`LocalRanks` starts the K children of one round (bootstrap.py running the script), copies each
+`LocalRanks` starts the K children of one attempt (bootstrap.py running the script), copies each
 child's output into its log (and rank 0's to the driver's console, through the agent), reads
 their optimizer-step counters and liveness, dumps their stacks, and stops them with everything
 they started (sessions.py). `Sweeper` ends what the ranks started if the agent itself is killed.
@@ -47,16 +47,22 @@ _STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this node's ranks sit in the world of one round."""
+    """Where this node's ranks sit in the world of one attempt."""
 
     group_rank: int  # this node's (Ray Train worker's) rank
     group_world_size: int  # nodes
     local_world_size: int  # K
     master_addr: str
     master_port: int
-    restart_count: int
+    # protocol.py's attempt: 1 for the first start of the ranks, one more for every restart.
+    attempt: int
     max_restarts: int
     run_id: str
+
+    @property
+    def restart_count(self) -> int:
+        """torchrun's TORCHELASTIC_RESTART_COUNT: the restarts before this attempt."""
+        return self.attempt - 1
 
     @property
     def world_size(self) -> int:
@@ -67,7 +73,8 @@ class Placement:
 
     def torchrun_env(self, local_rank: int) -> dict[str, str]:
         """The variables torchrun's agent gives each worker (torch.distributed.elastic's
-        LocalElasticAgent._start_workers), with this round's values."""
+        LocalElasticAgent._start_workers), with this attempt's values; and ORCHESTRATOR_ATTEMPT,
+        as every rank of every path has it."""
         rank = str(self.rank(local_rank))
         return {
             "RANK": rank, "LOCAL_RANK": str(local_rank), "GROUP_RANK": str(self.group_rank),
@@ -80,6 +87,7 @@ class Placement:
             # The script makes its own store at MASTER_ADDR:MASTER_PORT (env:// init), as under
             # torchrun without the agent's store.
             "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "ORCHESTRATOR_ATTEMPT": str(self.attempt),
         }
 
 
@@ -142,11 +150,12 @@ class Child:
 
 
 class LocalRanks:
-    """The children of one round on this node."""
+    """The children of one attempt on this node."""
 
     def __init__(self, command: list[str], cwd: str, base_env: dict[str, str], placement: Placement, scratch: str,
                  log_dir: str | None, echo: Callable[[str], None] | None = None):
         self.children: list[Child] = []
+        # torchrun's own layout: attempt_<TORCHELASTIC_RESTART_COUNT>/<local rank>/error.json.
         attempt = os.path.join(scratch, f"attempt_{placement.restart_count}")
         for local_rank in range(placement.local_world_size):
             rank = placement.rank(local_rank)

@@ -9,9 +9,9 @@ command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS) and the spec's `env:` come on
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from orchestrator.run_dir import RunDir
+from orchestrator.runtime.handoff import ScriptContext
 from orchestrator.runtime.script.children import RAY_TRAIN_VARS, Placement
 from orchestrator.spec import JobSpec
 
@@ -20,7 +20,7 @@ RAY_VARS_PREFIX = "RAY_"
 
 
 class RankStart:
-    def __init__(self, spec: JobSpec, script_context: dict[str, Any], run_dir: RunDir):
+    def __init__(self, spec: JobSpec, script_context: ScriptContext, run_dir: RunDir):
         self.spec, self.script, self.context, self.run_dir = spec, spec.script, script_context, run_dir
 
     def command(self) -> list[str]:
@@ -40,7 +40,7 @@ class RankStart:
 
     def cwd(self) -> str:
         """The driver's directory where this node has it (a shared checkout), else this worker's."""
-        wanted = self.context.get("cwd")
+        wanted = self.context.cwd
         return wanted if wanted and os.path.isdir(wanted) else os.getcwd()
 
     def script_path(self) -> str:
@@ -54,7 +54,7 @@ class RankStart:
 
     def env(self, placement: Placement) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
-        shell = self.context.get("env") or {}
+        shell = self.context.env
         env.update(shell)
         env.update(self.spec.env)
         if "OMP_NUM_THREADS" not in shell and "OMP_NUM_THREADS" not in self.spec.env:
@@ -63,7 +63,7 @@ class RankStart:
                 env["OMP_NUM_THREADS"] = "1"
         env["ORCHESTRATOR_RUN_DIR"] = self.run_dir_text()
         # Ray starts its workers at a lower priority (niceness 15); the ranks take the user's shell's.
-        env["ORCHESTRATOR_NICENESS"] = str(self.context.get("niceness", 0))
+        env["ORCHESTRATOR_NICENESS"] = str(self.context.niceness)
         # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

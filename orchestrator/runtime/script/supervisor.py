@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from typing import Any
@@ -40,21 +39,36 @@ import ray.train
 
 from orchestrator import storage
 from orchestrator.failures import INFRASTRUCTURE, USER, FailureRecord, WorkerFailure
+from orchestrator.protocol import (
+    FINISH,
+    RESTART,
+    STOPPED,
+    WAIT,
+    Beat,
+    Finished,
+    Output,
+    RankStarted,
+    RunWarning,
+    Stacks,
+    Verdict,
+)
+from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir
 from orchestrator.runtime.collectives import broadcast_object
-from orchestrator.runtime.handoff import WorkerConfig
+from orchestrator.runtime.handoff import ScriptContext, WorkerConfig
 from orchestrator.runtime.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, WORKING
+from orchestrator.runtime.scratch import make_scratch
 from orchestrator.runtime.script import sessions
 from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
 from orchestrator.runtime.script.rank_start import RankStart
 
 log = logging.getLogger("orchestrator.worker")
 
-# Seconds between looks at the children, and at the round's verdict once this node reported.
+# Seconds between looks at the children, and at the attempt's verdict once this node reported.
 POLL_S = 0.1
 # This node's scratch folder (the ranks' step counters, failure records, error files): <tmp>/<prefix><pid>-*.
 SCRATCH_PREFIX = "orchestrator-script-"
-# Seconds between asks for the round's verdict while this node's ranks run (a peer node's failure).
+# Seconds between asks for the attempt's verdict while this node's ranks run (a peer node's failure).
 VERDICT_S = 0.25
 # The same for a run of one node: no peer can fail there, and its own failures are decided at
 # once, so only a hang verdict arrives this way (after failure.hang_timeout_s, at least 5 s).
@@ -88,8 +102,7 @@ class Supervisor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.hostname = socket.gethostname()
         self.run_dir = RunDir.at(config.run_uri)
-        _remove_stale_scratch()
-        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+        self.scratch = make_scratch(SCRATCH_PREFIX)
         # Where each rank's log is written: the run's logs/ on a local or shared filesystem; on an
         # object store, this node's scratch, copied to <run>/logs/ at each end of the ranks.
         self.log_dir = config.log_dir or os.path.join(self.scratch, "logs")
@@ -101,7 +114,7 @@ class Supervisor:
         self._echo_dropped = 0
         self.ranks: LocalRanks | None = None
         self.placement: Placement | None = None
-        self.beat_key: tuple[int, int] = (0, 0)
+        self.attempt = 0
         # Set by the heartbeat thread from the monitor's replies.
         self.abort: str | None = None
         self.stop_requested = False
@@ -113,29 +126,28 @@ class Supervisor:
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
 
-    # --- the rounds ------------------------------------------------------------------------------
+    # --- the attempts -----------------------------------------------------------------------------
 
     def run(self) -> None:
         k = self.script.nproc_per_node
         begun = broadcast_object(self._begin(k) if self.worker == 0 else None)
-        group = begun["group"]
         beats = threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True)
         beats.start()
         try:
             while True:
-                state = broadcast_object(self._round_state() if self.worker == 0 else None)
+                state = broadcast_object(self._attempt_state() if self.worker == 0 else None)
                 placement = Placement(self.worker, self.workers, k, begun["master_addr"], state["port"],
-                                      state["restarts"], state["max_restarts"], self.spec.name)
-                self._start_round(group, state["round"], placement)
-                verdict = self._watch(group, state["round"])
-                action = verdict["action"]
-                if action == "restart":
-                    self._end_round(verdict)
+                                      state["attempt"], state["max_restarts"], self.spec.name)
+                self._start_attempt(placement, in_place=state["attempt"] > begun["attempt"])
+                verdict = self._watch(state["attempt"])
+                action = verdict.action
+                if action == RESTART:
+                    self._end_attempt(verdict)
                     continue
-                if action == "finish":
+                if action == FINISH:
                     self._finish(stopped=False)
                     return
-                if action == "stopped":
+                if action == STOPPED:
                     self._finish(stopped=True)
                     return
                 self.ranks.stop()
@@ -153,30 +165,28 @@ class Supervisor:
 
     def _begin(self, k: int) -> dict[str, Any]:
         begun = ray.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
-        return {**begun, "master_addr": ray.util.get_node_ip_address()}
+        return {"attempt": begun.attempt, "master_addr": ray.util.get_node_ip_address()}
 
-    def _round_state(self) -> dict[str, Any]:
+    def _attempt_state(self) -> dict[str, Any]:
         state = ray.get(self.monitor.script_state.remote(), timeout=60)
         return {**state, "port": _free_port()}
 
-    def _start_round(self, group: int, round_: int, placement: Placement) -> None:
-        self.beat_key = (group, round_)
+    def _start_attempt(self, placement: Placement, in_place: bool) -> None:
+        self.attempt = placement.attempt
         self.placement = placement
-        start = RankStart(self.spec, self.config.script_context or {}, self.run_dir)
+        start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
         self.ranks = LocalRanks(start.command(), start.cwd(), start.env(placement), placement, self.scratch,
                                 self.log_dir, echo=self._echo)
         self.sweeper.track(self.ranks.sessions)
         self._cpu.clear()
         # One event per rank: the driver's "N workers up" line, summary.json's workers, failure places.
-        # `group` counts every start of the ranks (in place or not): restarts = starts - 1.
         for child in self.ranks.children:
-            self.monitor.push.remote(
-                "worker_started", rank=child.rank, world_size=placement.world_size, group=placement.restart_count + 1,
-                node_id=self.node_id, hostname=self.hostname, pid=child.process.pid, restored_from=None,
-                restored_step=None, in_place=round_ > 0)
+            self.monitor.push.remote(RankStarted(
+                rank=child.rank, world_size=placement.world_size, attempt=placement.attempt, node_id=self.node_id,
+                hostname=self.hostname, pid=child.process.pid, in_place=in_place))
         self._first_step_seen, self._last_progress_step = False, 0
 
-    def _watch(self, group: int, round_: int) -> dict[str, Any]:
+    def _watch(self, attempt: int) -> Verdict:
         reported = False
         last_asked = 0.0
         stop_sent = False
@@ -196,11 +206,11 @@ class Supervisor:
                 self.ranks.forward(signal.SIGTERM)
                 stop_sent = True
             if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
-                return {"action": "stopped"}
+                return Verdict(STOPPED)
             if not reported and not stop_sent:
-                outcome = self._outcome()
-                if outcome is not None:
-                    self.monitor.script_report.remote(group, round_, self.worker, outcome)
+                known, failure = self._outcome()
+                if known:
+                    self.monitor.script_report.remote(attempt, self.worker, failure)
                     reported = True
             if stop_sent:
                 continue
@@ -209,20 +219,19 @@ class Supervisor:
             if not reported and now - last_asked < (VERDICT_S if self.workers > 1 else LONE_VERDICT_S):
                 continue
             last_asked = now
-            verdict = ray.get(self.monitor.script_verdict.remote(group, round_), timeout=60)
-            if verdict["action"] != "wait":
+            verdict = ray.get(self.monitor.script_verdict.remote(attempt), timeout=60)
+            if verdict.action != WAIT:
                 return verdict
 
-    def _outcome(self) -> dict[str, Any] | None:
-        """This node's part of the round, once known: a failed child's record, or all exited 0."""
+    def _outcome(self) -> tuple[bool, dict[str, Any] | None]:
+        """This node's part of the attempt, once known (True): a failed child's record, or None
+        when every child exited 0."""
         exited = self.ranks.exited()
         failed = sorted((c for c, code in exited if code != 0 and not self._crashed_after_end(c, code)),
                         key=lambda c: c.rank)
         if failed:
-            return self._failure_of(failed[0])
-        if len(exited) == len(self.ranks.children):
-            return {"ok": True}
-        return None
+            return True, self._failure_of(failed[0])
+        return len(exited) == len(self.ranks.children), None
 
     def _crashed_after_end(self, child, code: int) -> bool:
         """A signal death after the script returned: a library's teardown at exit (torch 2.13's gloo
@@ -231,9 +240,9 @@ class Supervisor:
             return False
         if child.rank not in self._teardown_warned:
             self._teardown_warned.add(child.rank)
-            self.monitor.push.remote("warning", message=(
+            self.monitor.push.remote(RunWarning(message=(
                 f"rank {child.rank}'s script ran to its end, then its process died by {_signal_name(-code)} in the "
-                "interpreter's teardown (a library's exit handler); counted as finished"))
+                "interpreter's teardown (a library's exit handler); counted as finished")))
         return True
 
     def _failure_of(self, child) -> dict[str, Any]:
@@ -253,15 +262,15 @@ class Supervisor:
         # waits SETTLE_S for a peer's user error that may be its cause (rounds.py).
         return {**place, **record, "decisive": record["kind"] not in (INFRASTRUCTURE, EXIT)}
 
-    def _end_round(self, verdict: dict[str, Any]) -> None:
-        failure = verdict["failure"]
+    def _end_attempt(self, verdict: Verdict) -> None:
+        failure = verdict.failure
         if failure.get("kind") == "hang":
             stacks = self.ranks.dump_stacks()
             for rank, where in sorted(stacks.items()):
                 log.error("rank %d was at %s when the hang was detected (its stacks are in its log)", rank, where)
             if stacks:
-                self.monitor.push.remote("stacks", ranks={str(r): w for r, w in stacks.items()},
-                                         group=verdict["restarts"])
+                self.monitor.push.remote(Stacks(ranks={str(r): w for r, w in stacks.items()},
+                                                attempt=verdict.attempt - 1))
         self.ranks.stop()
         self._end_orphans()
         self._flush_echo()
@@ -273,10 +282,9 @@ class Supervisor:
             return
         progress = self.ranks.children[0].progress()
         # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
-        ray.get(self.monitor.push.remote(
-            "finished", weights_sha256=None, final_checkpoint=None, group=self.placement.restart_count + 1,
-            checkpoint_stall_s=0.0, final_flush_s=0.0, stopped=stopped, metrics={}, step=progress.steps, epoch=0,
-            batch_in_epoch=0, consumed=0, step_time_s=progress.step_time_s or None), timeout=60)
+        ray.get(self.monitor.push.remote(Finished(
+            attempt=self.placement.attempt, stopped=stopped, step=progress.steps,
+            step_time_s=progress.step_time_s or None)), timeout=60)
 
     def _end_orphans(self) -> None:
         keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
@@ -294,8 +302,8 @@ class Supervisor:
             except OSError as exc:  # a log lost costs the log, never the run's outcome
                 log.warning("could not copy %s to %s: %s", name, target.uri, exc)
 
-    def _fail(self, verdict: dict[str, Any]) -> None:
-        failure = verdict.get("failure") or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.get("reason", "")}
+    def _fail(self, verdict: Verdict) -> None:
+        failure = verdict.failure or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.reason}
         if failure["rank"] // self.script.nproc_per_node != self.worker and failure.get("kind") != "hang":
             return  # the node of the failed rank reports it; this one only ends its ranks
         if failure.get("kind") == "hang" and self.worker != 0:
@@ -332,7 +340,7 @@ class Supervisor:
                 continue
 
     def _beat(self) -> None:
-        ranks, key = self.ranks, self.beat_key
+        ranks, attempt = self.ranks, self.attempt
         now = time.monotonic()
         cpu = sessions.cpu_seconds(ranks.sessions)
         replies = []
@@ -341,10 +349,10 @@ class Supervisor:
             code = child.process.poll()
             if code is not None:
                 if code == 0 or self._crashed_after_end(child, code):
-                    replies.append(self.monitor.beat.remote(
-                        key, rank=child.rank, step=progress.steps, phase=FINISHED, idle_s=0.0,
-                        node_id=self.node_id, pid=child.process.pid))
-                continue  # a failed child is reported as the round's outcome
+                    replies.append(self.monitor.beat.remote(attempt, Beat(
+                        rank=child.rank, step=progress.steps, phase=FINISHED, idle_s=0.0, node_id=self.node_id,
+                        pid=child.process.pid)))
+                continue  # a failed child is reported as the attempt's outcome
             if child.stopped():
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
             used = cpu.get(child.process.pid, 0.0)
@@ -353,14 +361,14 @@ class Supervisor:
                 alive_at = now
             self._cpu[child.rank] = (used, alive_at)
             active_idle = min(progress.idle_s, progress.stack_idle_s, now - alive_at)
-            replies.append(self.monitor.beat.remote(
-                key, rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
+            replies.append(self.monitor.beat.remote(attempt, Beat(
+                rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
                 idle_s=progress.idle_s, node_id=self.node_id, pid=child.process.pid,
-                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle))
+                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle)))
         for reply in ray.get(replies, timeout=10):
-            self.stop_requested = self.stop_requested or bool(reply.get("stop"))
-            if reply.get("abort"):
-                self.abort = reply["abort"]
+            self.stop_requested = self.stop_requested or reply.stop
+            if reply.abort:
+                self.abort = reply.abort
 
     def _progress(self) -> None:
         progress = self.ranks.children[0].progress()
@@ -372,9 +380,9 @@ class Supervisor:
         self._first_step_seen = True
         # step_time_s: the median time between rank 0's consecutive optimizer steps, as the
         # bootstrap timed them (goodput counts the steps by it).
-        self.monitor.push.remote("progress", step=steps, epoch=0, batch_in_epoch=1, consumed=0, metrics={},
-                                 samples_per_s=None, group=self.placement.restart_count + 1, first_step=first,
-                                 stall_s=0.0, script=True, step_time_s=progress.step_time_s or None)
+        self.monitor.push.remote(ProgressEvent(step=steps, batch_in_epoch=1, attempt=self.placement.attempt,
+                                               first_step=first, script=True,
+                                               step_time_s=progress.step_time_s or None))
 
     def _echo(self, line: str) -> None:
         with self._echo_lock:
@@ -392,19 +400,8 @@ class Supervisor:
             lines.insert(0, f"[orchestrator: {dropped} line(s) of rank 0's output not shown here, printed faster "
                             f"than the console shows them; they are in its log, rank-0.log]")
         if lines:
-            self.monitor.push.remote("output", rank=0, lines=lines)
+            self.monitor.push.remote(Output(rank=0, lines=lines))
 
-
-def _remove_stale_scratch() -> None:
-    """The scratch folders of supervisors that were killed (a lost node, Ray's teardown) before
-    they could remove their own: their process ids are in their names."""
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        if not name.startswith(SCRATCH_PREFIX):
-            continue
-        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _free_port() -> int:

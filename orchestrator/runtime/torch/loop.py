@@ -27,14 +27,16 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from orchestrator.checkpoint import Serialized, loads_state
+from orchestrator.checkpoint import Serialized
+from orchestrator.checkpoint.names import TORCH_STATE, shard_file
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.data.parquet import ParquetDataset
-from orchestrator.data.seeded import for_workers
+from orchestrator.data.seeded import global_order_loader
 from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING
+from orchestrator.runtime.metric_values import metric_floats
 from orchestrator.runtime.rng import restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
 from orchestrator.runtime.sharding import (
@@ -50,12 +52,7 @@ from orchestrator.spec.data import open_source
 
 log = logging.getLogger("orchestrator.worker")
 
-STATE_FILE = "state.pt"
-
-
-def shard_file(rank: int) -> str:
-    """Rank `rank`'s file of a sharded checkpoint (torch.strategy: fsdp)."""
-    return f"state-{rank:05d}.pt"
+STATE_FILE = TORCH_STATE
 
 
 class TrainContext:
@@ -93,10 +90,10 @@ class TrainContext:
             manifest = restored.manifest
             if manifest.sharded and manifest.world_size != self.world_size:
                 self._reshard_from = manifest.world_size
-                fname = shard_file(0)
+                fname = shard_file(STATE_FILE, 0)
             else:
-                fname = shard_file(self.rank) if manifest.sharded else STATE_FILE
-            raw = loads_state(self._session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+                fname = shard_file(STATE_FILE, self.rank) if manifest.sharded else STATE_FILE
+            raw = self._session.restored_state(restored, fname)
             self._restored = TrainState.from_dict(raw)
             self.progress = self._restored.progress
             self._train_loader = self.progress.train_loader
@@ -115,7 +112,7 @@ class TrainContext:
     @property
     def attempt(self) -> int:
         """Which start of the run's worker group this is: one more after every restart or resize."""
-        return self._session.group
+        return self._session.attempt
 
     def prepare_model(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Move the model to this worker's device and make it data-parallel, as torch.strategy says.
@@ -253,7 +250,7 @@ class TrainContext:
             self.progress.consumed = loader.tracker.consumed
             self.progress.batch_in_epoch = loader.position
         self.progress.step += 1
-        self.progress.metrics.update(_scalars(metrics))
+        self.progress.metrics.update(metric_floats(metrics, strict=True))
         self._session.count_samples(self._samples_since_step)
         self._samples_since_step = 0
         self._session.stepped(self.progress)
@@ -273,7 +270,7 @@ class TrainContext:
 
     def report(self, **metrics: Any) -> None:
         """Record metrics that are not per step (validation accuracy...); they go into summary.json."""
-        self.progress.metrics.update(_scalars(metrics))
+        self.progress.metrics.update(metric_floats(metrics, strict=True))
 
     def save(self, reason: str = "manual") -> None:
         """Checkpoint now (every rank must call it). The loop only blocks for an in-memory copy.
@@ -288,7 +285,7 @@ class TrainContext:
                 return
             state = TrainState(progress=self.progress, ranks=ranks, objects=self._tracked_state())
             snapshot = session.snapshot(state.to_dict())
-            fname = shard_file(self.rank) if session.sharded else STATE_FILE
+            fname = shard_file(STATE_FILE, self.rank) if session.sharded else STATE_FILE
             session.commit(self.progress, reason, lambda: {fname: Serialized(snapshot)},
                            token=token)
 
@@ -300,8 +297,8 @@ class TrainContext:
         def read_old(old_rank: int) -> dict[str, Any]:
             if old_rank == 0:
                 return self._restored.objects
-            fname = shard_file(old_rank)
-            raw = loads_state(self._session.restored_file(restored, fname), source=f"{restored.info.uri}/{fname}")
+            fname = shard_file(STATE_FILE, old_rank)
+            raw = self._session.restored_state(restored, fname)
             return raw["objects"]
 
         return reshard_states(objects, read_old, old_world=self._reshard_from, world_size=self.world_size,
@@ -383,13 +380,10 @@ class ResumableLoader:
         key = (global_batch, micro, training)
         if key not in self._built:
             ctx = self._ctx
-            sampler = GlobalOrderSampler(self.dataset, world_size=ctx.world_size, rank=ctx.rank,
-                                         global_batch=global_batch, micro_batch=micro, shuffle=self.shuffle,
-                                         seed=ctx.seed, drop_last=self.drop_last, training=training)
-            dataset, indices = for_workers(self.dataset, sampler, seed=ctx.seed,
-                                           num_workers=self._loader_kwargs.get("num_workers", 0))
-            loader = DataLoader(dataset, batch_size=micro, sampler=indices, **self._loader_kwargs)
-            self._built[key] = (loader, sampler)
+            self._built[key] = global_order_loader(
+                self.dataset, world_size=ctx.world_size, rank=ctx.rank, global_batch=global_batch,
+                micro_batch=micro, shuffle=self.shuffle, seed=ctx.seed, drop_last=self.drop_last, training=training,
+                **self._loader_kwargs)
         return self._built[key]
 
     def __len__(self) -> int:
@@ -447,7 +441,7 @@ def train_torch(session: WorkerSession) -> None:
     spec = session.spec
     seed_everything(spec.seed)
     # A sharded checkpoint holds a file per rank: this rank loads only its own.
-    own_files = {STATE_FILE, shard_file(session.rank)}
+    own_files = {STATE_FILE, shard_file(STATE_FILE, session.rank)}
     restored = session.start(keep=own_files.__contains__)
     session.announce(restored)
     ctx = TrainContext(session, restored)
@@ -475,14 +469,4 @@ def train_torch(session: WorkerSession) -> None:
 
 def _unwrap(obj: Any) -> Any:
     return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
-
-
-
-def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor):
-            value = value.detach().item()
-        out[key] = float(value)
-    return out
 
