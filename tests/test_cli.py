@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -235,3 +236,20 @@ def test_a_full_disk_fails_the_run_at_once_naming_the_path_the_size_and_the_fix(
     assert all(store.verify(info).status == "committed" for info in committed)
     assert not [n for n in os.listdir(store.root.path) if n.startswith(".tmp-")], "no partial write holds space"
 
+
+
+def test_an_embedded_cluster_under_a_deep_tmpdir_gets_a_temp_folder_its_sockets_fit_in(tmp_path, monkeypatch):
+    """Ray's sockets live under <TMPDIR>/ray/session_.../sockets: past 107 bytes ray.init fails
+    with a traceback. A deep TMPDIR gets a short folder in /tmp instead; a usual one keeps Ray's."""
+    from orchestrator.cluster.connection import SOCKET_PATH_MAX, SOCKET_TAIL_BYTES, short_temp_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert short_temp_dir() == {}
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    chosen = short_temp_dir()["_temp_dir"]
+    try:
+        assert os.path.isdir(chosen) and len(chosen) + len("/ray") + SOCKET_TAIL_BYTES <= SOCKET_PATH_MAX
+    finally:
+        os.rmdir(chosen)

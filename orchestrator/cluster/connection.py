@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,10 +92,26 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         # `ray start` began on this machine, if it still runs (another user's head, a test's): the
         # run would then wait for that cluster's CPUs or import modules from its workers' paths.
         # Loopback only, whatever the order Ray was imported in: nothing on the network reaches it.
-        ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs)
+        ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs,
+                 **short_temp_dir())
     connection = Connection(True, "embedded", _session_dir(), notes=notes)
     _record(connection)
     return connection
+
+
+# What Ray appends to its temp root for its longest socket: /session_<date>_<time>_<us>_<pid>/sockets/plasma_store.
+SOCKET_TAIL_BYTES = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+# The longest path of a Unix socket on Linux (sun_path is 108 bytes with its terminating NUL).
+SOCKET_PATH_MAX = 107
+
+
+def short_temp_dir() -> dict[str, str]:
+    """ray.init's temp folder where its default (<TMPDIR>/ray) would make socket paths longer than
+    a Unix socket's limit (a deep TMPDIR: Ray would fail with a traceback): a short one in /tmp."""
+    root = os.path.join(tempfile.gettempdir(), "ray")
+    if len(root.encode()) + SOCKET_TAIL_BYTES <= SOCKET_PATH_MAX:
+        return {}
+    return {"_temp_dir": tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")}
 
 
 @contextlib.contextmanager
