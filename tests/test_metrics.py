@@ -18,7 +18,7 @@ from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator.observe import metrics as run_metrics
 from orchestrator.observe.metrics import RunMetrics
-from orchestrator.protocol import CheckpointCommitted, Failure, Progress, RankStarted
+from orchestrator.protocol import CheckpointCommitted, Failure, Progress, RankStarted, RestartInPlace
 
 
 def _started(attempt, size, at):
@@ -37,6 +37,19 @@ def test_restarts_are_counted_by_the_cause_of_the_failure_before_them_and_a_star
                   _started(3, 1, 5.0), _started(4, 2, 6.0)):
         metrics.observe(event)
     assert metrics.restarts == {"hang": 1, "infrastructure": 1, "resize": 1}
+
+
+def test_a_restart_in_place_counts_by_the_cause_of_the_rank_that_failed_not_as_a_resize():
+    metrics = RunMetrics("r", started=0.0)
+    for event in (_started(1, 2, 1.0),
+                  RestartInPlace(attempt=2, restarts=1, max_restarts=3, failure={"rank": 1, "kind": "infrastructure"}),
+                  _started(2, 2, 3.0),
+                  RestartInPlace(attempt=3, restarts=2, max_restarts=3, failure={"rank": 0, "kind": "hang"}),
+                  _started(3, 2, 5.0),
+                  RestartInPlace(attempt=4, restarts=3, max_restarts=3, failure={"rank": 0, "kind": "exit"}),
+                  _started(4, 2, 7.0)):
+        metrics.observe(event)
+    assert metrics.restarts == {"infrastructure": 2, "hang": 1}
     assert metrics.values["world_size"] == 2
 
 

@@ -22,8 +22,9 @@ import time
 
 from ray.util.metrics import Counter, Gauge
 
+from orchestrator.failures import HANG, INFRASTRUCTURE
 from orchestrator.observe.goodput import compute as compute_goodput
-from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted
+from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted, RestartInPlace
 
 PREFIX = "orchestrator_"
 
@@ -82,6 +83,8 @@ class RunMetrics:
             self._attempt_started(event)
         elif isinstance(event, Failure):
             self._pending_cause = event.classification
+        elif isinstance(event, RestartInPlace):  # the ranks restart in their agents, for a rank's failure
+            self._pending_cause = HANG if event.failure.get("kind") == HANG else INFRASTRUCTURE
         elif isinstance(event, (Progress, Finished)):
             self._progress(event)
         elif isinstance(event, CheckpointCommitted):
