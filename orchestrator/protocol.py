@@ -246,3 +246,10 @@ class Verdict:
     exhausted: bool = False
     # FAIL without a failure: why (an agent of a group that Ray Train replaced).
     reason: str = ""
+
+
+def cause_order(failure: dict[str, Any]) -> tuple[bool, bool, int]:
+    """Which of an attempt's rank failures is its cause, least first: a signal death or a hang
+    (decisive), then a rank that exited on its own (sys.exit), whose peers' communication errors
+    follow from it, then the lowest rank."""
+    return not failure.get("decisive"), failure.get("kind") != "exit", failure["rank"]

@@ -19,7 +19,7 @@ from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
 from orchestrator.driver.rounds import SETTLE_S, InPlaceRounds
 from orchestrator.errors import SpecError, UserError
-from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict
+from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
 from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.spec import resolve_spec
 
@@ -357,3 +357,13 @@ def test_rank_0s_output_is_held_bounded_until_the_driver_takes_it_and_then_forgo
         buffer.add([f"line {i}" for i in range(start, start + 50)])
     lines, dropped = buffer.take()
     assert lines == [f"line {i}" for i in range(150, 250)] and dropped == 150
+
+
+def test_of_two_ranks_of_one_node_that_ended_the_signal_death_is_the_cause_not_its_peers_lost_connection():
+    """The agent may see rank 0's lost connection and rank 1's SIGKILL in one look: it reports
+    rank 1's, as the monitor would choose between nodes."""
+    peer = {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"}
+    killed = {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}
+    exited = {"rank": 2, "kind": "exit", "decisive": False, "error": "exited with status 3"}
+    assert min([peer, killed, exited], key=cause_order) == killed
+    assert min([peer, exited], key=cause_order) == exited

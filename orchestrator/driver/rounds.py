@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict
+from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
 
 # Seconds the monitor waits, after the first failure of an attempt that could be a consequence (a
 # communication error), for a peer's report that could be its cause (a user error).
@@ -87,9 +87,7 @@ class InPlaceRounds:
                 return self._decide(Verdict(FAIL, failure=min(users, key=lambda f: f["rank"])))
             if not self.decisive and now - self.first_failure < SETTLE_S:
                 return Verdict(WAIT)
-            # A signal death or a hang first; then a rank that exited on its own (sys.exit), whose
-            # peers' communication errors follow from it; then the lowest rank.
-            cause = min(self.failures, key=lambda f: (not f.get("decisive"), f.get("kind") != "exit", f["rank"]))
+            cause = min(self.failures, key=cause_order)
             if self.exhausted:
                 return self._decide(Verdict(FAIL, failure=cause, exhausted=True))
             decided = self._decide(Verdict(RESTART, failure=cause, attempt=self.attempt + 1,

@@ -51,6 +51,7 @@ from orchestrator.protocol import (
     RunWarning,
     Stacks,
     Verdict,
+    cause_order,
 )
 from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir
@@ -227,10 +228,11 @@ class Supervisor:
         """This node's part of the attempt, once known (True): a failed child's record, or None
         when every child exited 0."""
         exited = self.ranks.exited()
-        failed = sorted((c for c, code in exited if code != 0 and not self._crashed_after_end(c, code)),
-                        key=lambda c: c.rank)
+        failed = [self._failure_of(c) for c, code in exited if code != 0 and not self._crashed_after_end(c, code)]
         if failed:
-            return True, self._failure_of(failed[0])
+            # Two ranks of this node may have ended by the time it looks (a SIGKILLed rank, then its
+            # peer's lost connection): the cause is chosen as across nodes (rounds.py).
+            return True, min(failed, key=cause_order)
         return len(exited) == len(self.ranks.children), None
 
     def _crashed_after_end(self, child, code: int) -> bool:
