@@ -50,22 +50,28 @@ class RankStarted(Event):
 
 
 @dataclass(kw_only=True)
-class Progress(Event):
-    """Rank 0's progress, every couple of seconds and at the attempt's first optimizer step."""
+class _AtStep(Event):
+    """Where rank 0's training stands: what Progress and Finished both say."""
 
-    kind: ClassVar[str] = "progress"
     attempt: int
     step: int
     epoch: int = 0
     batch_in_epoch: int = 0
     consumed: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # The median time between rank 0's optimizer steps (a script's, timed by its bootstrap).
+    step_time_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class Progress(_AtStep):
+    """Rank 0's progress, every couple of seconds and at the attempt's first optimizer step."""
+
+    kind: ClassVar[str] = "progress"
     samples_per_s: float | None = None
     first_step: bool = False
     # Seconds the training loop has spent blocked in saves during this attempt.
     stall_s: float = 0.0
-    # The median time between rank 0's optimizer steps (a script's, timed by its bootstrap).
-    step_time_s: float | None = None
     # A torchrun script's: only its step count is known.
     script: bool = False
 
@@ -158,22 +164,15 @@ class StopRequested(Event):
 
 
 @dataclass(kw_only=True)
-class Finished(Event):
+class Finished(_AtStep):
     """Rank 0: training is over and every checkpoint is committed (or the run stopped, `stopped`)."""
 
     kind: ClassVar[str] = "finished"
-    attempt: int
-    step: int
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    consumed: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
     weights_sha256: str | None = None
     final_checkpoint: str | None = None
     checkpoint_stall_s: float = 0.0
     final_flush_s: float = 0.0
     stopped: bool = False
-    step_time_s: float | None = None
 
 
 @dataclass(kw_only=True)

@@ -24,7 +24,7 @@ from orchestrator.protocol import (
 
 def _events() -> list[type[Event]]:
     return [c for c in vars(protocol).values()
-            if isinstance(c, type) and issubclass(c, Event) and c is not Event]
+            if isinstance(c, type) and issubclass(c, Event) and not c.__name__.startswith("_") and c is not Event]
 
 
 def test_every_event_has_a_kind_of_its_own_and_becomes_plain_json():
