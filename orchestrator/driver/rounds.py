@@ -70,12 +70,11 @@ class InPlaceRounds:
         if failure is None:
             self.done.add(worker)
             return
-        outcome = failure
-        self.failures.append(outcome)
+        self.failures.append(failure)
         if self.first_failure is None:
             self.first_failure = now
         # A signal death or a hang has no cause to wait for; a communication error may be a peer's bug.
-        self.decisive = self.decisive or outcome.get("decisive", False)
+        self.decisive = self.decisive or failure.get("decisive", False)
 
     def verdict(self, attempt: int, now: float) -> Verdict:
         decided = self.verdicts.get(attempt)
