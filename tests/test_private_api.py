@@ -15,6 +15,7 @@ ALLOWED = {
     "orchestrator/cluster/ray_private.py": {
         "ray._private.authentication.authentication_token_setup._enable_token_auth",
         "ray._raylet.AuthenticationTokenLoader",
+        "ray._raylet.Config",
         "ray.train.v2._internal.execution.context.get_train_context",
     },
 }

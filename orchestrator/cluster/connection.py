@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import tempfile
@@ -23,7 +24,7 @@ from ray.exceptions import AuthenticationError
 
 from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
 from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
-from orchestrator.cluster.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth
+from orchestrator.cluster.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth, restore_token_auth
 from orchestrator.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Connection:
     warm: bool = False
     # What the user should hear about how the connection was made (a stale warm record removed).
     notes: list[str] = field(default_factory=list)
+    # The token variables before an embedded cluster's own token was set (None: not set here).
+    saved_auth: dict[str, str | None] | None = None
 
 
 def connect(address: str | None, job_env: dict[str, str] | None = None) -> Connection:
@@ -87,16 +90,38 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         _join(address, init_kwargs)
         return Connection(False, address, _session_dir(), warm=warm is not None, notes=notes)
     reap_orphans()
+    saved_auth = _own_token()
     with _environment(job_env or {}):
         # A cluster of its own: without address="local", ray.init() joins the newest cluster that
         # `ray start` began on this machine, if it still runs (another user's head, a test's): the
         # run would then wait for that cluster's CPUs or import modules from its workers' paths.
         # Loopback only, whatever the order Ray was imported in: nothing on the network reaches it.
-        ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs,
-                 **short_temp_dir())
-    connection = Connection(True, "embedded", _session_dir(), notes=notes)
+        try:
+            ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, **init_kwargs,
+                     **short_temp_dir())
+        except BaseException:
+            if saved_auth is not None:
+                restore_token_auth(saved_auth)
+            raise
+    connection = Connection(True, "embedded", _session_dir(), notes=notes, saved_auth=saved_auth)
     _record(connection)
     return connection
+
+
+def _own_token() -> dict[str, str | None] | None:
+    """Give the embedded cluster a token of its own, in this process's environment, which every
+    process of the cluster inherits as Ray starts it; returns the variables as they were.
+
+    Left to itself, ray.init writes ~/.ray/auth_token when it finds none, and each Ray process
+    reads that file as it starts. The file is shared by every cluster of the user's: two first
+    runs at once on a new machine each write it, and a process the loser starts later (a worker
+    of a group restart) carries the other's token, is refused by its own cluster, and the run
+    waits for it forever. A token the user chose (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) or
+    RAY_AUTH_MODE=disabled is left as it is."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+            os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    return enable_token_auth(secrets.token_hex(32))
 
 
 # What Ray appends to its temp root for its longest socket: /session_<date>_<time>_<us>_<pid>/sockets/plasma_store.
@@ -203,6 +228,8 @@ def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
         end_processes(session_pids(connection.session_dir), grace_s=0)
     else:
         ray.shutdown()
+        if connection.saved_auth is not None:
+            restore_token_auth(connection.saved_auth)
     if connection.embedded:
         _record_path(os.getpid()).unlink(missing_ok=True)
 

@@ -6,8 +6,9 @@ failing somewhere inside Ray. `tests/test_private_api.py` fails on any private n
 Lightning or torch used outside this module.
 
 - Token authentication switched on after Ray was imported: Ray reads RAY_AUTH_MODE and caches
-  the token at import; joining the warm cluster from a process that imported Ray first needs
-  both refreshed, as Ray itself does when it turns token auth on for a local cluster.
+  the token at import; joining the warm cluster, or giving an embedded cluster a token of its
+  own, from a process that imported Ray first needs both refreshed (and restored after), as Ray
+  itself does when it turns token auth on for a local cluster.
 - The worker-local preemption notice of Ray Train V2: the public `ray.train.get_preemption_info()`
   is a barrier through an actor, too slow to call at every step.
 - The logger name of Ray's token-auth notice, to keep it off an embedded cluster's console.
@@ -40,14 +41,35 @@ def _check_version() -> None:
             f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'.")
 
 
-def enable_token_auth(token: str) -> None:
-    """Authenticate to a cluster with `token` from now on (this process and what it starts)."""
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def enable_token_auth(token: str) -> dict[str, str | None]:
+    """Authenticate to a cluster with `token` from now on (this process and what it starts).
+    Returns the variables' values before, for `restore_token_auth`."""
     _check_version()
+    saved = {name: os.environ.get(name) for name in AUTH_VARIABLES}
     os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     from ray._private.authentication.authentication_token_setup import _enable_token_auth
     from ray._raylet import AuthenticationTokenLoader
 
     _enable_token_auth()
+    AuthenticationTokenLoader.instance().reset_cache()
+    return saved
+
+
+def restore_token_auth(saved: dict[str, str | None]) -> None:
+    """Undo `enable_token_auth`: the variables as they were, and Ray's cached mode and token
+    read again from them (a later ray.init in this process finds the user's own settings)."""
+    _check_version()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
 
