@@ -240,14 +240,18 @@ def test_a_full_disk_fails_the_run_at_once_naming_the_path_the_size_and_the_fix(
 
 def test_an_embedded_cluster_under_a_deep_tmpdir_gets_a_temp_folder_its_sockets_fit_in(tmp_path, monkeypatch):
     """Ray's sockets live under <TMPDIR>/ray/session_.../sockets: past 107 bytes ray.init fails
-    with a traceback. A deep TMPDIR gets a short folder in /tmp instead; a usual one keeps Ray's."""
+    with a traceback. A deep TMPDIR gets a short folder in /tmp instead; a usual one keeps Ray's.
+    TMPDIR is read as Ray reads it, from the environment at the start: a spec's `env:` sets it
+    there after Python's tempfile has cached the shell's value (that run failed with a traceback)."""
     from orchestrator.cluster.connection import SOCKET_PATH_MAX, SOCKET_TAIL_BYTES, short_temp_dir
 
-    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    tempfile.gettempdir()  # cached now, as in a driver that used tempfile before the spec's env applied
     assert short_temp_dir() == {}
     deep = tmp_path / ("d" * 60)
     deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setenv("TMPDIR", str(deep))
     chosen = short_temp_dir()["_temp_dir"]
     try:
         assert os.path.isdir(chosen) and len(chosen) + len("/ray") + SOCKET_TAIL_BYTES <= SOCKET_PATH_MAX

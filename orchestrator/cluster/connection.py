@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,11 +133,23 @@ SOCKET_PATH_MAX = 107
 
 def short_temp_dir() -> dict[str, str]:
     """ray.init's temp folder where its default (<TMPDIR>/ray) would make socket paths longer than
-    a Unix socket's limit (a deep TMPDIR: Ray would fail with a traceback): a short one in /tmp."""
-    root = os.path.join(tempfile.gettempdir(), "ray")
+    a Unix socket's limit (a deep TMPDIR: Ray would fail with a traceback): a short one in /tmp.
+    Called where ray.init runs, with the job's environment (a spec's `env:` may set TMPDIR)."""
+    root = os.path.join(ray_temp_root(), "ray")
     if len(root.encode()) + SOCKET_TAIL_BYTES <= SOCKET_PATH_MAX:
         return {}
     return {"_temp_dir": tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")}
+
+
+def ray_temp_root() -> str:
+    """The folder ray.init makes its own in, read from the environment now as Ray reads it
+    (ray._common.utils.get_default_system_temp_dir): RAY_TMPDIR, else TMPDIR on Linux, else /tmp.
+    Not tempfile.gettempdir(), which keeps the first value it found for the process's life."""
+    if os.environ.get("RAY_TMPDIR"):
+        return os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and os.environ.get("TMPDIR"):
+        return os.environ["TMPDIR"]
+    return "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
 
 
 @contextlib.contextmanager
