@@ -23,7 +23,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import AuthenticationError
 
-from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
+from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early, restore_environ
 from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
 from orchestrator.cluster.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth, restore_token_auth
 from orchestrator.errors import UserError
@@ -160,11 +160,7 @@ def _environment(env: dict[str, str]):
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environ(saved)
 
 
 def _job_runtime_env_keys() -> set[str]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import os
 
+from orchestrator.cluster.environment import restore_environ
+
 # The Ray versions whose sources these uses were read in.
 CHECKED_RAY = ((2, 60), (2, 61))
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -62,11 +64,7 @@ def restore_token_auth(saved: dict[str, str | None]) -> None:
     """Undo `enable_token_auth`: the variables as they were, and Ray's cached mode and token
     read again from them (a later ray.init in this process finds the user's own settings)."""
     _check_version()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    restore_environ(saved)
     from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")
