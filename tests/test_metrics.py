@@ -144,7 +144,7 @@ def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_value
     home = tmp_path / "home"
     env = {"RAY_metrics_report_interval_ms": "1000", "PYTHONPATH": f"{REPO}/tests", "HOME": str(home)}
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**_environ(), **env})
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **env})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(driver.stdout), daemon=True)
     reader.start()
@@ -208,10 +208,6 @@ def test_a_runs_metrics_reach_its_nodes_prometheus_endpoint_with_plausible_value
     seen = {path.name: path.read_text() for path in seen_env.iterdir()}
     assert seen == {f"rank-{rank}-attempt-{attempt}": "from the spec" for rank in (0, 1) for attempt in (1, 2)}
     assert driver.returncode != 0 and any("stopped by SIGINT" in line for line in lines), "".join(lines[-20:])
-
-
-def _environ():
-    return dict(os.environ)
 
 
 # The run's start, from the command to its workers, on a loaded machine.

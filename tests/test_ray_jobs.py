@@ -132,20 +132,25 @@ def _wait_ended(env, address, job_id, session_dir, timeout: float) -> str:
     """Wait for the job to end; its status. A job still going after `timeout` fails the test with
     its output and what the head's Ray logs say (the job's own output is silent on a worker that
     never came)."""
+    def ended() -> str | None:
+        status = _status(env, address, job_id)
+        return status if status in ("SUCCEEDED", "FAILED", "STOPPED") else None
+
     try:
-        wait_for(lambda: _status(env, address, job_id) in ("SUCCEEDED", "FAILED", "STOPPED"), timeout=timeout,
-                 interval=1)
+        return wait_for(ended, timeout=timeout, interval=1)
     except TimeoutError:
         logs = _ray_job(env, address, "logs", job_id)
         raise AssertionError(f"job {job_id} still {_status(env, address, job_id)} after {timeout} s:\n"
                              f"{logs.stdout[-3000:]}{logs.stderr[-2000:]}\n{ray_logs.story(session_dir)}") from None
-    return _status(env, address, job_id)
 
 
 # The bounds of this module's waits hold a loaded machine: beside three other tests' Ray clusters
 # on two cores, a job here took four times as long as alone (62 s alone, 243 s beside them), and
 # this one's first job took 5 minutes to reach step 22 beside the multi-node tests (480 s was
 # too short on CI).
+JOB_WAIT_S = 900
+
+
 @pytest.mark.timeout(2400)
 def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node, tmp_path, clean_torch):
     address, env, session_dir = head_node
@@ -163,12 +168,12 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     first = _submit(env, address, spec_path, RAY_JOB_STOP_WAIT_TIME_S="20")
     try:
         wait_for(lambda: (marker.exists() and len(store.committed()) >= 2)
-                 or _status(env, address, first) in ("FAILED", "SUCCEEDED"), timeout=900, interval=0.5)
+                 or _status(env, address, first) in ("FAILED", "SUCCEEDED"), timeout=JOB_WAIT_S, interval=0.5)
     except TimeoutError:
         pass  # said below, with the job's output and what the head's Ray logs say
     status, logs = _status(env, address, first), _ray_job(env, address, "logs", first)
     assert status == "RUNNING" and marker.exists() and len(store.committed()) >= 2, (
-        f"{status}, at step 22: {marker.exists()}, {len(store.committed())} checkpoint(s) after 900 s:\n"
+        f"{status}, at step 22: {marker.exists()}, {len(store.committed())} checkpoint(s) after {JOB_WAIT_S} s:\n"
         f"{logs.stdout[-3000:]}{logs.stderr[-3000:]}\n{ray_logs.story(session_dir)}")
     stopped = _ray_job(env, address, "stop", first)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -190,9 +195,9 @@ def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node,
     spec["torch"]["train_loop"] = "jobs.digits_torch:train_loop"  # the same training, without the sleeps
     spec_path.write_text(yaml.safe_dump(spec))
     second = _submit(env, address, spec_path)
-    _wait_ended(env, address, second, session_dir, timeout=900)
+    ended = _wait_ended(env, address, second, session_dir, timeout=JOB_WAIT_S)
     logs = _ray_job(env, address, "logs", second).stdout
-    assert _status(env, address, second) == "SUCCEEDED", logs[-3000:]
+    assert ended == "SUCCEEDED", logs[-3000:]
     assert "resuming from step" in logs
     # Submitted with Ray's default wait: the driver says once what that leaves and how to give more.
     notes = [line for line in logs.splitlines() if line.startswith("note: `ray job stop`")]
@@ -217,10 +222,10 @@ def test_a_relative_storage_is_refused_under_ray_job_submit(head_node, tmp_path)
     spec = torch_spec("relative", "runs/here")
     spec_path.write_text(yaml.safe_dump(spec))
     job = _submit(env, address, spec_path)
-    _wait_ended(env, address, job, session_dir, timeout=360)
+    ended = _wait_ended(env, address, job, session_dir, timeout=360)
     status = _ray_job(env, address, "status", job)
     logs = _ray_job(env, address, "logs", job).stdout
-    assert _status(env, address, job) == "FAILED", logs[-3000:]
+    assert ended == "FAILED", logs[-3000:]
     assert "exit code 2" in status.stdout + status.stderr, status.stdout + status.stderr
     errors = [line for line in logs.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, logs[-3000:]
@@ -248,9 +253,9 @@ def test_a_torchrun_command_submitted_as_a_ray_job_trains_its_ranks_and_succeeds
         time.sleep(2)
         submitted = _ray_job(env, address, *args)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    _wait_ended(env, address, job_id, session_dir, timeout=540)
+    ended = _wait_ended(env, address, job_id, session_dir, timeout=540)
     logs = _ray_job(env, address, "logs", job_id).stdout
-    assert _status(env, address, job_id) == "SUCCEEDED", logs[-4000:]
+    assert ended == "SUCCEEDED", logs[-4000:]
     assert "2 ranks up (1 node(s) x 2)" in logs and "rank 0: epoch 1 loss" in logs, logs[-4000:]
     with open(tmp_path / "rj" / "work" / "final.json") as f:
         assert json.load(f)["world_size"] == 2
