@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 ADDRESS_CHECK_TIMEOUT_S = 5.0
 # The node address of an embedded cluster.
 LOOPBACK = "127.0.0.1"
+# Seconds an embedded cluster's workers left after Ray's shutdown are given to end on SIGTERM.
+LEFTOVER_GRACE_S = 2.0
 
 @dataclass
 class Connection:
@@ -239,6 +241,11 @@ def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
         ray.shutdown()
         if connection.saved_auth is not None:
             restore_token_auth(connection.saved_auth)
+        if connection.embedded and connection.session_dir:
+            # Ray's shutdown ends the node's own processes; its workers (a run's supervising
+            # workers among them) notice their raylet gone a moment later, on their own. The
+            # caller may return, or its process exit, before: end them now, and wait.
+            end_processes(session_pids(connection.session_dir), grace_s=LEFTOVER_GRACE_S)
     if connection.embedded:
         _record_path(os.getpid()).unlink(missing_ok=True)
 

@@ -18,11 +18,17 @@ def state_dir() -> Path:
     return path
 
 
+# Seconds a SIGKILLed process is given to be gone: the kernel frees a large process's memory
+# before it ends, which takes a moment, and a caller that returns meanwhile leaves it behind.
+KILLED_GONE_WITHIN_S = 5.0
+
+
 def end_processes(pids: list[int], grace_s: float) -> None:
     """SIGTERM the processes and give them `grace_s` to end, then SIGKILL what is left
-    (`grace_s` 0: SIGKILL at once)."""
+    (`grace_s` 0: SIGKILL at once); returns once they are gone (or KILLED_GONE_WITHIN_S passed)."""
     terminate(pids, grace_s)
     _signal([p for p in pids if is_alive(p)], signal.SIGKILL)
+    _wait_gone(pids, KILLED_GONE_WITHIN_S)
 
 
 def terminate(pids: list[int], grace_s: float) -> None:
@@ -30,9 +36,13 @@ def terminate(pids: list[int], grace_s: float) -> None:
     if grace_s <= 0:
         return
     _signal(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    _wait_gone(pids, grace_s)
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(is_alive(p) for p in pids):
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 def _signal(pids: list[int], signum: int) -> None:
