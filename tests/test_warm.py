@@ -248,9 +248,10 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
     assert "record was removed" in stale_out
     assert not (stale_state / "warm-cluster.json").exists()
     assert "warm" not in other_out, other_out[-3000:]
-    # The stale record costs no wait on its dead address (a driver that tried it would retry for
-    # about 13 minutes); two embedded runs beside the suite's other tests took 136 s here.
-    assert wall < 300
+    # The stale record costs no wait on its dead address: a driver that tried it would retry for
+    # about 13 minutes (780 s). Two embedded runs beside the suite's other tests took 136 s here and
+    # 332 s on a loaded CI machine; 540 s keeps that slack and stays far below the retry.
+    assert wall < 540
 
 
 @pytest.mark.timeout(120)

@@ -124,6 +124,8 @@ class Supervisor:
         self._first_step_seen = False
         self._last_progress_step = 0
         self._teardown_warned: set[int] = set()
+        # Whether the logs on the object store are whole for the attempt now (a finished one's).
+        self._logs_copied = False
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
 
@@ -161,7 +163,8 @@ class Supervisor:
             self._end_orphans()
             self.sweeper.close()
             self._flush_echo()
-            self._copy_logs()
+            if not self._logs_copied:
+                self._copy_logs()
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _begin(self, k: int) -> dict[str, Any]:
@@ -186,6 +189,7 @@ class Supervisor:
                 rank=child.rank, world_size=placement.world_size, attempt=placement.attempt, node_id=self.node_id,
                 hostname=self.hostname, pid=child.process.pid, in_place=in_place))
         self._first_step_seen, self._last_progress_step = False, 0
+        self._logs_copied = False
 
     def _watch(self, attempt: int) -> Verdict:
         reported = False
@@ -210,6 +214,8 @@ class Supervisor:
                 return Verdict(STOPPED)
             if not reported and not stop_sent:
                 known, failure = self._outcome()
+                if known and failure is None:
+                    self._settle_finished()
                 if known:
                     self.monitor.script_report.remote(attempt, self.worker, failure)
                     reported = True
@@ -223,6 +229,15 @@ class Supervisor:
             verdict = ray.get(self.monitor.script_verdict.remote(attempt), timeout=60)
             if verdict.action != WAIT:
                 return verdict
+
+    def _settle_finished(self) -> None:
+        """Every rank of this node exited 0: their logs are whole (each output reader drained, what
+        the ranks left running ended) and copied, before the node reports it. A finished run's
+        driver may leave, and end this worker, within a second of the last node's report."""
+        self.ranks.stop()
+        self._flush_echo()
+        self._copy_logs()
+        self._logs_copied = True
 
     def _outcome(self) -> tuple[bool, dict[str, Any] | None]:
         """This node's part of the attempt, once known (True): a failed child's record, or None
