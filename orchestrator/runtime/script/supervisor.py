@@ -71,9 +71,8 @@ POLL_S = 0.1
 SCRATCH_PREFIX = "orchestrator-script-"
 # Seconds between asks for the attempt's verdict while this node's ranks run (a peer node's failure).
 VERDICT_S = 0.25
-# The same for a run of one node: no peer can fail there, and its own failures are decided at
-# once, so only a hang verdict arrives this way (after failure.hang_timeout_s, at least 5 s).
-# Three actor calls a second fewer while training, on cores the ranks use.
+# The same for a run of one node: only a hang verdict arrives this way (its own failures are
+# decided at once), so three actor calls a second fewer while training, on the ranks' cores.
 LONE_VERDICT_S = 1.0
 # Seconds between heartbeats (one per child) and between progress events to the driver.
 BEAT_S = 1.0
@@ -121,11 +120,8 @@ class Supervisor:
         self.stop_requested = False
         self._closing = False
         self._last_beat = 0.0
-        self._first_step_seen = False
-        self._last_progress_step = 0
+        self._first_step_seen, self._last_progress_step = False, 0
         self._teardown_warned: set[int] = set()
-        # Whether the logs on the object store are whole for the attempt now (a finished one's).
-        self._logs_copied = False
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
 
@@ -163,8 +159,7 @@ class Supervisor:
             self._end_orphans()
             self.sweeper.close()
             self._flush_echo()
-            if not self._logs_copied:
-                self._copy_logs()
+            self._copy_logs()
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _begin(self, k: int) -> dict[str, Any]:
@@ -189,7 +184,6 @@ class Supervisor:
                 rank=child.rank, world_size=placement.world_size, attempt=placement.attempt, node_id=self.node_id,
                 hostname=self.hostname, pid=child.process.pid, in_place=in_place))
         self._first_step_seen, self._last_progress_step = False, 0
-        self._logs_copied = False
 
     def _watch(self, attempt: int) -> Verdict:
         reported = False
@@ -215,7 +209,9 @@ class Supervisor:
             if not reported and not stop_sent:
                 known, failure = self._outcome()
                 if known and failure is None:
-                    self._settle_finished()
+                    # Every rank exited 0: its whole log copied before the report (the driver may leave).
+                    self.ranks.stop()
+                    self._copy_logs()
                 if known:
                     self.monitor.script_report.remote(attempt, self.worker, failure)
                     reported = True
@@ -229,15 +225,6 @@ class Supervisor:
             verdict = ray.get(self.monitor.script_verdict.remote(attempt), timeout=60)
             if verdict.action != WAIT:
                 return verdict
-
-    def _settle_finished(self) -> None:
-        """Every rank of this node exited 0: their logs are whole (each output reader drained, what
-        the ranks left running ended) and copied, before the node reports it. A finished run's
-        driver may leave, and end this worker, within a second of the last node's report."""
-        self.ranks.stop()
-        self._flush_echo()
-        self._copy_logs()
-        self._logs_copied = True
 
     def _outcome(self) -> tuple[bool, dict[str, Any] | None]:
         """This node's part of the attempt, once known (True): a failed child's record, or None
@@ -418,7 +405,6 @@ class Supervisor:
                             f"than the console shows them; they are in its log, rank-0.log]")
         if lines:
             self.monitor.push.remote(Output(rank=0, lines=lines))
-
 
 
 def _free_port() -> int:
