@@ -229,3 +229,30 @@ class CustomCheckpoint(ModelCheckpoint):
 
 class OldPackageModel(pytorch_lightning.LightningModule):
     """A module written against the older package name: refused with the import to change."""
+
+
+def torch_loop_three_faults(ctx) -> None:
+    """jobs.digits_torch's loop with one fault per attempt, each once (a marker file per fault):
+    `faults` is a list of {at, rank, how, marker}, how one of kill (SIGKILL), stop (SIGSTOP: frozen)
+    or raise (a lost peer's ConnectionResetError, an infrastructure error). Every start of a rank
+    appends who it is to `starts` (a JSON line: rank, pid, its parent's pid, TORCHELASTIC_RESTART_COUNT).
+    With `pace_s`, each step takes that much longer."""
+    import json
+    import time
+
+    faults, starts, pace_s = ctx.config.pop("faults"), ctx.config.pop("starts"), ctx.config.pop("pace_s", 0)
+    with open(starts, "a") as f:
+        f.write(json.dumps({"rank": ctx.rank, "pid": os.getpid(), "ppid": os.getppid(), "attempt": ctx.attempt,
+                            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}) + "\n")
+
+    def act(step):
+        time.sleep(pace_s)
+        for fault in faults:
+            if step != fault["at"] or ctx.rank != fault["rank"] or Path(fault["marker"]).exists():
+                continue
+            Path(fault["marker"]).write_text(str(step))
+            if fault["how"] == "raise":
+                raise ConnectionResetError(f"injected: the peer went away at step {step}")
+            os.kill(os.getpid(), signal.SIGKILL if fault["how"] == "kill" else signal.SIGSTOP)
+
+    _fault_step(ctx, act)

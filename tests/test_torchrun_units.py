@@ -181,6 +181,22 @@ def test_late_reports_of_a_decided_attempt_are_ignored_and_a_replaced_group_is_t
     assert rounds.verdict(2, 3.0) == Verdict(FAIL, reason="this worker group was replaced")
 
 
+def test_an_error_a_restart_in_place_brings_back_at_the_same_step_is_the_datas_and_fails_the_run():
+    # Exact resume replays the same batch: a storage-looking error (one with a signature) at the
+    # same step again is deterministic, so the second time it is the user's, not a third restart.
+    rounds = _rounds()
+    damaged = {"rank": 1, "kind": "infrastructure", "error": "ParquetReadError: row group 5", "step": 42,
+               "signature": "abc123", "decisive": False}
+    rounds.report(1, 1, dict(damaged), 1.0)
+    assert rounds.verdict(1, 1.0 + SETTLE_S + 0.01).action == RESTART
+    rounds.report(2, 1, dict(damaged, step=43), 5.0)  # another step: a hiccup again, restarted
+    assert rounds.verdict(2, 5.0 + SETTLE_S + 0.01).action == RESTART
+    rounds.report(3, 1, dict(damaged), 9.0)
+    verdict = rounds.verdict(3, 9.0)
+    assert verdict.action == FAIL and verdict.failure["kind"] == "user" and verdict.failure["repeated"]
+    assert "same step (42)" in verdict.failure["note"]
+
+
 def test_an_attempt_finishes_when_every_node_reports_its_ranks_exited_0():
     rounds = _rounds(workers=2)
     rounds.report(1, 0, None, 1.0)

@@ -135,7 +135,10 @@ class RunMonitor:
     # --- a torchrun script's attempts in place (rounds.py) --------------------------------------
 
     def script_state(self) -> dict[str, Any]:
-        return self._rounds.state()
+        """The attempt starting now, the restarts allowed, and the newest checkpoint committed in
+        this run (a ctx job's rank 0 resumes from it)."""
+        latest = self._latest_checkpoint
+        return {**self._rounds.state(), "latest_uri": latest.uri if latest else None}
 
     def script_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
         """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""

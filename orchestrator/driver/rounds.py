@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.failures import FailureRecord, mark_repeats
 from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
 
 # Seconds the monitor waits, after the first failure of an attempt that could be a consequence (a
@@ -41,6 +42,8 @@ class InPlaceRounds:
     done: set[int] = field(default_factory=set)
     # Per attempt: the verdict once reached.
     verdicts: dict[int, Verdict] = field(default_factory=dict)
+    # Every failure reported in this run, for errors a restart brings back at the same step.
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -70,6 +73,8 @@ class InPlaceRounds:
         if failure is None:
             self.done.add(worker)
             return
+        failure = _marked_if_repeated(failure, self.history)
+        self.history.append(failure)
         self.failures.append(failure)
         if self.first_failure is None:
             self.first_failure = now
@@ -105,3 +110,17 @@ class InPlaceRounds:
     def _new_attempt(self) -> None:
         self.failures, self.first_failure, self.decisive = [], None, False
         self.done = set()
+
+
+def _marked_if_repeated(failure: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """The failure as the user's when an earlier attempt raised the same error at the same step
+    (failures.mark_repeats: exact resume replayed the same batch into it), else unchanged."""
+    fields = {k: failure[k] for k in ("rank", "kind", "error", "where", "node_id", "step", "signature", "fault")
+              if k in failure}
+    if "rank" not in fields or "error" not in fields:
+        return failure
+    record = FailureRecord(**fields)
+    mark_repeats([record], earlier)
+    if not record.repeated:
+        return failure
+    return {**failure, "kind": record.kind, "repeated": True, "note": record.note, "decisive": True}

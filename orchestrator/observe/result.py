@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator import storage
 from orchestrator.observe.goodput import describe as goodput_line
-from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted
+from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted, RestartInPlace
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
@@ -47,8 +47,9 @@ class RunResult:
     checkpoint_stall_s: float = 0.0
     # Seconds spent after training waiting for the last checkpoint write to commit.
     final_flush_s: float = 0.0
-    # Every failure of a worker group, in order: when, its classification (user |
-    # infrastructure | hang | stopped) and each failing rank's error and where it was raised.
+    # Every failure, in order: when, its classification (user | infrastructure | hang | stopped |
+    # exit) and each failing rank's error and where it was raised; in_place: the ranks restarted
+    # in their agents (else the whole worker group failed, and Ray Train restarted it).
     failures: list[dict[str, Any]] = field(default_factory=list)
     # wall_s, productive_s, lost_s by cause, recomputed_steps, goodput (see goodput.py).
     goodput: dict[str, Any] = field(default_factory=dict)
@@ -102,8 +103,7 @@ class RunResult:
             checkpoint_stall_s=round(float((goodput or {}).get("lost_s", {}).get("checkpoint_stall")
                                            or (finished.checkpoint_stall_s if finished else 0.0)), 4),
             final_flush_s=round(float(finished.final_flush_s if finished else 0.0), 4),
-            failures=[{k: v for k, v in e.to_record().items() if k != "kind"} for e in events
-                      if isinstance(e, Failure)],
+            failures=[_failure_entry(e) for e in events if isinstance(e, (Failure, RestartInPlace))],
             goodput=goodput or {},
             error=_error_line(error, stopped_by),
             kind=job.kind,
@@ -174,3 +174,12 @@ def write_summary(run_dir: Location, result: RunResult) -> None:
         log.warning("%s is left to the driver that took run '%s' over", result.summary_path, result.name)
         return
     storage.write_atomic(run_dir.join(SUMMARY_NAME), json.dumps(result.to_dict(), indent=2, sort_keys=True).encode())
+
+
+def _failure_entry(event: Failure | RestartInPlace) -> dict[str, Any]:
+    """summary.json's record of a failure: of the whole group, or of a rank restarted in place."""
+    if isinstance(event, Failure):
+        return {**{k: v for k, v in event.to_record().items() if k != "kind"}, "in_place": False}
+    rank = {k: v for k, v in event.failure.items() if k not in ("hang", "decisive", "last_lines")}
+    return {"time": event.time, "classification": event.failure.get("kind", ""), "ranks": [rank],
+            "hang": event.failure.get("hang"), "exhausted": False, "in_place": True}

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 
 NODE_ID_VAR = "ORCHESTRATOR_NODE_ID"
+# The torch device of a rank child of a node agent, as Ray Train gave it to the agent ("cpu", "cuda:1").
+DEVICE_VAR = "ORCHESTRATOR_DEVICE"
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,10 @@ def _ray_node() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+def rank_device():
+    """This rank's torch device: the one its agent was given, else the CPU."""
+    import torch
+
+    return torch.device(os.environ.get(DEVICE_VAR) or "cpu")

@@ -22,7 +22,6 @@ from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, Check
 from orchestrator.checkpoint.files import CheckpointUnreadable, Payload
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.failures import TransientStartError
-from orchestrator.observe.metrics import WorkerMetrics
 from orchestrator.protocol import CheckpointCommitted, Finished, Preemption, RankStarted, ResumeFallback, RunWarning
 from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir, storage_marker_problem
@@ -33,7 +32,7 @@ from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.runtime.identity import RankIdentity
 from orchestrator.runtime.metric_values import metric_floats
-from orchestrator.runtime.monitor_client import MonitorClient
+from orchestrator.runtime.monitor_client import connect_monitor
 from orchestrator.runtime.rng import capture_rng
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
@@ -124,14 +123,16 @@ class StopTraining(Exception):
 
 
 class WorkerSession:
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, in_place: bool = False):
         self.config = config
+        # Whether this attempt restarted the ranks in place, under the same agents.
+        self.in_place = in_place
         self.spec: JobSpec = config.spec
         # The gloo side group beside NCCL must form within failure.hang_timeout_s (collectives.py).
         configure_collectives(self.spec.failure)
         self.run_uri: str = config.run_uri
         self.resume_uri: str | None = config.resume_uri
-        self.monitor = MonitorClient(config.monitor)
+        self.monitor = connect_monitor(config.monitor)
         self.run_dir = RunDir.at(self.run_uri)
         identity = RankIdentity.from_env()
         self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
@@ -149,8 +150,11 @@ class WorkerSession:
         self._buffers = SnapshotBuffers()
         self._spec_record = self.spec.to_record()
         self.heartbeat: Heartbeat | None = None
+        # A rank child learns of a coming preemption from its agent (Ray Train tells the agent).
+        notice = {"notice": self.monitor.preemption_notice} if config.monitor_is_agent else {}
         self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size,
-                                   stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested))
+                                   stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested),
+                                   **notice)
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
@@ -163,7 +167,9 @@ class WorkerSession:
         self._first_step_reported = False
         self._samples_since = 0
         self._since = time.monotonic()
-        self.step_metrics = WorkerMetrics(self.spec.name, self.rank, PROGRESS_INTERVAL_S)
+        # A rank child's step time is measured by its agent, from the beats it passes on (Ray's
+        # metrics are exported by a Ray process).
+        self.step_metrics = None if config.monitor_is_agent else _worker_metrics(self.spec.name, self.rank)
         _quiet_worker(self.spec, self.rank, config.log_dir)
 
     # --- the start of a worker group: one resume point for every rank ---------------------------
@@ -175,7 +181,7 @@ class WorkerSession:
         restart), else the driver's choice; if that one cannot be read, the newest that verifies,
         announced as such. Every rank then loads exactly that checkpoint (only the files `keep`
         accepts are held in memory). A rank that cannot read it fails the start on every rank,
-        with a message naming the checkpoint, the rank and the cause, and Ray Train retries the
+        with a message naming the checkpoint, the rank and the cause, and the ranks retry the
         start: no rank ever falls back on its own, so no rank resumes at another step.
         """
         self._check_storage_is_shared()
@@ -194,7 +200,7 @@ class WorkerSession:
         if errors:
             raise TransientStartError(
                 f"the worker group could not resume from checkpoint {decision['uri']}: {errors[0]}. "
-                "Ray Train starts the group again (counted against failure.max_failures).")
+                "Every rank starts again (counted against failure.max_failures).")
         self.attempt = decision["attempt"]
         # Which start of the run's ranks this is, for the user's code (logs, records).
         os.environ["ORCHESTRATOR_ATTEMPT"] = str(self.attempt)
@@ -242,7 +248,7 @@ class WorkerSession:
         self.monitor.send(RankStarted(
             rank=self.rank, world_size=self.world_size, attempt=self.attempt, node_id=self.node_id,
             hostname=socket.gethostname(), pid=os.getpid(), restored_from=restored.info.uri if restored else None,
-            restored_step=restored.info.step if restored else None))
+            restored_step=restored.info.step if restored else None, in_place=self.in_place))
 
     def note_once(self, message: str) -> None:
         """A statement for the driver's output (how a loader resumes...); printed once per run."""
@@ -256,7 +262,8 @@ class WorkerSession:
     def stepped(self, progress: Progress) -> None:
         """After every optimizer step: the heartbeat's progress, and the driver's progress events."""
         self.heartbeat.stepped(progress.step)
-        self.step_metrics.stepped(progress.step)
+        if self.step_metrics is not None:
+            self.step_metrics.stepped(progress.step)
         first = not self._first_step_reported
         self._first_step_reported = True
         # The group's first step is always reported: goodput counts from it.
@@ -422,6 +429,12 @@ class WorkerSession:
                 consumed=progress.consumed))
         self.heartbeat.close()
         _flush_logs()
+
+
+def _worker_metrics(run: str, rank: int):
+    from orchestrator.observe.metrics import WorkerMetrics
+
+    return WorkerMetrics(run, rank, PROGRESS_INTERVAL_S)
 
 
 # --- worker logs -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ log = logging.getLogger("orchestrator.worker")
 
 def train_worker(config: dict[str, Any]) -> None:
     handoff = WorkerConfig.from_config(config)
-    if handoff.spec.kind == "script":  # the node's agent: its ranks are child processes (runtime/script/)
+    if handoff.spec.kind != "lightning":  # the node's agent: its ranks are child processes (runtime/script/)
         from orchestrator.runtime.script.supervisor import train_script
 
         train_script(handoff)

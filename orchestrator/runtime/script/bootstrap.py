@@ -156,9 +156,12 @@ def _classified(exc: BaseException, target: str) -> dict:
                 "signature": ""}
     from orchestrator.failures import WorkerFailure
 
-    record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0"))).record
+    # A ctx rank (runtime/rank_main.py) notes the step it failed at: a restart that brings the
+    # same error back at the same step is the data's (driver/rounds.py).
+    step = getattr(exc, "orchestrator_step", None)
+    record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0")), step=step).record
     return {"kind": record.kind, "error": record.error, "where": record.where, "signature": record.signature,
-            "fault": record.fault}
+            "fault": record.fault, "step": record.step}
 
 
 def main(argv: list[str]) -> int:

@@ -1,8 +1,8 @@
-"""A node's agent for a torchrun script: the Ray Train worker that runs the node's K ranks.
+"""A node's agent: the Ray Train worker that runs the node's ranks (a script's K, a ctx job's one).
 
-torchelastic's model: agents survive, workers restart. Each Ray Train worker of a script run is
-one node's agent. It starts its K ranks as child processes (children.py), with the environment
-torchrun gives them, and watches them:
+torchelastic's model: agents survive, workers restart. Each Ray Train worker of a script or ctx
+run is one node's agent (a ctx rank runs the worker session itself: ctx_ranks.py). It starts
+its ranks as child processes (children.py), with torchrun's environment, and watches them:
 - a child that dies or fails is reported to the run monitor, which decides for every node
   (driver/rounds.py): restart every rank in place (the same Ray Train workers, no new placement),
   fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
@@ -55,12 +55,15 @@ from orchestrator.protocol import (
 )
 from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir
+from orchestrator.runtime.agent_link import LinkServer
 from orchestrator.runtime.collectives import broadcast_object
 from orchestrator.runtime.handoff import ScriptContext, WorkerConfig
 from orchestrator.runtime.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, WORKING
 from orchestrator.runtime.scratch import make_scratch
 from orchestrator.runtime.script import sessions
 from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
+from orchestrator.runtime.script.ctx_ranks import Answers, CtxStart
+from orchestrator.runtime.script.outcome import failure_of, signal_name
 from orchestrator.runtime.script.rank_start import RankStart
 
 log = logging.getLogger("orchestrator.worker")
@@ -85,8 +88,6 @@ ECHO_BACKLOG = 20_000
 # CPU seconds a rank's session must use within one heartbeat to count as alive by its CPU: more
 # than the clock ticks the bootstrap's own look at the stack can add (1 tick = 10 ms).
 CPU_ALIVE_S = 0.02
-# A script's rank exits non-zero with a status it chose (sys.exit): restarted, as under torchrun.
-EXIT = "exit"
 
 
 def train_script(config: WorkerConfig) -> None:
@@ -96,7 +97,9 @@ def train_script(config: WorkerConfig) -> None:
 class Supervisor:
     def __init__(self, config: WorkerConfig):
         self.config, self.spec, self.monitor = config, config.spec, config.monitor
-        self.script = self.spec.script
+        # A ctx job's ranks run the worker session in the child (ctx_ranks.py): one rank per agent.
+        self.sessions = self.spec.kind != "script"
+        self.k = 1 if self.sessions else self.spec.script.nproc_per_node
         context = ray.train.get_context()
         self.worker, self.workers = context.get_world_rank(), context.get_world_size()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -118,26 +121,25 @@ class Supervisor:
         # Set by the heartbeat thread from the monitor's replies.
         self.abort: str | None = None
         self.stop_requested = False
-        self._closing = False
-        self._last_beat = 0.0
+        self._closing, self._last_beat = False, 0.0
         self._first_step_seen, self._last_progress_step = False, 0
         self._teardown_warned: set[int] = set()
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
+        self.answers = Answers(self.monitor, self.spec.name) if self.sessions else None
+        self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
 
     # --- the attempts -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        k = self.script.nproc_per_node
-        begun = broadcast_object(self._begin(k) if self.worker == 0 else None)
-        beats = threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True)
-        beats.start()
+        begun = broadcast_object(self._begin(self.k) if self.worker == 0 else None)
+        threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True).start()
         try:
             while True:
                 state = broadcast_object(self._attempt_state() if self.worker == 0 else None)
-                placement = Placement(self.worker, self.workers, k, begun["master_addr"], state["port"],
+                placement = Placement(self.worker, self.workers, self.k, begun["master_addr"], state["port"],
                                       state["attempt"], state["max_restarts"], self.spec.name)
-                self._start_attempt(placement, in_place=state["attempt"] > begun["attempt"])
+                self._start_attempt(placement, state["attempt"] > begun["attempt"], state["latest_uri"])
                 verdict = self._watch(state["attempt"])
                 action = verdict.action
                 if action == RESTART:
@@ -160,6 +162,8 @@ class Supervisor:
             self.sweeper.close()
             self._flush_echo()
             self._copy_logs()
+            if self.link is not None:
+                self.link.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _begin(self, k: int) -> dict[str, Any]:
@@ -170,14 +174,21 @@ class Supervisor:
         state = ray.get(self.monitor.script_state.remote(), timeout=60)
         return {**state, "port": _free_port()}
 
-    def _start_attempt(self, placement: Placement, in_place: bool) -> None:
+    def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
         self.attempt = placement.attempt
         self.placement = placement
-        start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
-        self.ranks = LocalRanks(start.command(), start.cwd(), start.env(placement), placement, self.scratch,
-                                self.log_dir, echo=self._echo)
+        if self.sessions:
+            self.answers.new_attempt(placement.attempt, latest_uri or self.config.resume_uri)
+            start = CtxStart(self.config, self.link.address, self.scratch, self.node_id)
+            env, echo = start.env(placement, in_place), None  # a ctx job's output stays in its logs
+        else:
+            start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
+            env, echo = start.env(placement), self._echo
+        self.ranks = LocalRanks(start.command(), start.cwd(), env, placement, self.scratch, self.log_dir, echo=echo)
         self.sweeper.track(self.ranks.sessions)
         self._cpu.clear()
+        if self.sessions:
+            return  # each child announces itself, with the checkpoint it resumed from
         # One event per rank: the driver's "N workers up" line, summary.json's workers, failure places.
         for child in self.ranks.children:
             self.monitor.push.remote(RankStarted(
@@ -199,7 +210,11 @@ class Supervisor:
                 self._flush_echo()
                 self._copy_logs()
                 os._exit(HANG_EXIT_CODE)
-            if self.stop_requested and not stop_sent:
+            if self.sessions and any(code == HANG_EXIT_CODE for _, code in self.ranks.exited()):
+                # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
+                self.abort = "the run monitor ended the ranks"
+                continue
+            if self.stop_requested and not stop_sent and not self.sessions:
                 # As torchrun does with the signal it gets: every rank is sent SIGTERM (a script that
                 # handles it saves and exits); the driver ends the workers when its grace runs out.
                 self.ranks.forward(signal.SIGTERM)
@@ -230,7 +245,8 @@ class Supervisor:
         """This node's part of the attempt, once known (True): a failed child's record, or None
         when every child exited 0."""
         exited = self.ranks.exited()
-        failed = [self._failure_of(c) for c, code in exited if code != 0 and not self._crashed_after_end(c, code)]
+        failed = [failure_of(c, self.node_id, self.hostname)
+                  for c, code in exited if code != 0 and not self._crashed_after_end(c, code)]
         if failed:
             # Two ranks of this node may have ended by the time it looks (a SIGKILLed rank, then its
             # peer's lost connection): the cause is chosen as across nodes (rounds.py).
@@ -245,26 +261,9 @@ class Supervisor:
         if child.rank not in self._teardown_warned:
             self._teardown_warned.add(child.rank)
             self.monitor.push.remote(RunWarning(message=(
-                f"rank {child.rank}'s script ran to its end, then its process died by {_signal_name(-code)} in the "
+                f"rank {child.rank}'s script ran to its end, then its process died by {signal_name(-code)} in the "
                 "interpreter's teardown (a library's exit handler); counted as finished")))
         return True
-
-    def _failure_of(self, child) -> dict[str, Any]:
-        code = child.process.returncode
-        place = {"rank": child.rank, "node_id": self.node_id, "hostname": self.hostname, "pid": child.process.pid,
-                 "log": child.log_path, "last_lines": child.last_lines()}
-        if code < 0:
-            name = _signal_name(-code)
-            why = " (the kernel's OOM killer sends it too: check the node's memory)" if -code == signal.SIGKILL else ""
-            return {**place, "kind": INFRASTRUCTURE, "decisive": True, "where": "",
-                    "error": f"the process was killed by {name}{why}"}
-        record = child.failure()
-        if record is None:  # no Python exception: os._exit, or a crash in native code
-            return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
-                    "error": f"the process exited with status {code} without a Python exception"}
-        # A user error decides at once; an infrastructure error or the script's own exit status
-        # waits SETTLE_S for a peer's user error that may be its cause (rounds.py).
-        return {**place, **record, "decisive": record["kind"] not in (INFRASTRUCTURE, EXIT)}
 
     def _end_attempt(self, verdict: Verdict) -> None:
         failure = verdict.failure
@@ -282,7 +281,7 @@ class Supervisor:
 
     def _finish(self, stopped: bool) -> None:
         self._flush_echo()
-        if self.worker != 0:
+        if self.worker != 0 or self.sessions:  # a ctx job's rank 0 reported its own end
             return
         progress = self.ranks.children[0].progress()
         # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
@@ -308,17 +307,15 @@ class Supervisor:
 
     def _fail(self, verdict: Verdict) -> None:
         failure = verdict.failure or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.reason}
-        if failure["rank"] // self.script.nproc_per_node != self.worker and failure.get("kind") != "hang":
+        if failure["rank"] // self.k != self.worker and failure.get("kind") != "hang":
             return  # the node of the failed rank reports it; this one only ends its ranks
         if failure.get("kind") == "hang" and self.worker != 0:
             return
         kind = USER if failure.get("kind") == USER else INFRASTRUCTURE
-        lines = failure.get("last_lines") or []
-        note = (f"its last lines: {' | '.join(lines)}" if lines else "") if kind != USER else ""
-        record = FailureRecord(rank=failure["rank"], kind=kind, error=failure["error"], where=failure.get("where", ""),
-                               node_id=failure.get("node_id", ""), pid=failure.get("pid", 0),
-                               hostname=failure.get("hostname", ""), signature=failure.get("signature", ""),
-                               fault=failure.get("fault", ""), note=note)
+        lines = (failure.get("last_lines") or []) if kind != USER else []
+        note = failure.get("note") or (f"its last lines: {' | '.join(lines)}" if lines else "")
+        known = ("rank", "error", "where", "node_id", "pid", "hostname", "signature", "fault", "step", "repeated")
+        record = FailureRecord(**{k: failure[k] for k in known if k in failure}, kind=kind, note=note)
         where = f" (raised at {record.where})" if record.where else ""
         raise WorkerFailure(f"rank {record.rank}: {record.error}{where}", record)
 
@@ -359,6 +356,12 @@ class Supervisor:
                 continue  # a failed child is reported as the attempt's outcome
             if child.stopped():
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
+            if self.sessions:
+                # A ctx child beats itself, once its session starts (ctx_ranks.py); until then, the agent.
+                if not self.answers.beats_itself(child.rank):
+                    replies.append(self.monitor.beat.remote(attempt, self.answers.starting_beat(
+                        child.rank, now - child.started, self.node_id, child.process.pid)))
+                continue
             used = cpu.get(child.process.pid, 0.0)
             before, alive_at = self._cpu.get(child.rank, (used, now - progress.idle_s))
             if used - before >= CPU_ALIVE_S:
@@ -375,6 +378,8 @@ class Supervisor:
                 self.abort = reply.abort
 
     def _progress(self) -> None:
+        if self.sessions:
+            return  # a ctx job's rank 0 reports its own progress
         progress = self.ranks.children[0].progress()
         steps = progress.steps
         if not steps or steps == self._last_progress_step:
@@ -411,10 +416,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

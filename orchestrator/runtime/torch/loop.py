@@ -22,9 +22,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import ray.train
-import ray.train.torch
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.checkpoint import Serialized
@@ -36,6 +35,7 @@ from orchestrator.errors import UserError
 from orchestrator.runtime.batches import batch_len, to_device
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING
+from orchestrator.runtime.identity import rank_device
 from orchestrator.runtime.metric_values import metric_floats
 from orchestrator.runtime.rng import restore_rng, seed_everything
 from orchestrator.runtime.session import Restored, StopTraining, WorkerSession
@@ -68,7 +68,7 @@ class TrainContext:
         self.rank: int = session.rank
         self.world_size: int = session.world_size
         self.local_rank: int = session.local_rank
-        self.device: torch.device = ray.train.torch.get_device()
+        self.device: torch.device = rank_device()
         self.progress = Progress()
         self._tracked: dict[str, Any] = {}
         self._loaders: list[ResumableLoader] = []
@@ -124,7 +124,7 @@ class TrainContext:
         if self._session.sharded:
             self._prepared = shard_model(model, self.device, **kwargs)
         else:
-            self._prepared = ray.train.torch.prepare_model(model, parallel_strategy_kwargs=kwargs or None)
+            self._prepared = _data_parallel(model, self.device, kwargs)
         return self._prepared
 
     def data_loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
@@ -465,6 +465,17 @@ def train_torch(session: WorkerSession) -> None:
     model_state = ctx._model_state() if session.rank == 0 or session.sharded else {}
     fingerprint = weights_sha256(model_state) if session.rank == 0 else ""
     session.finish(ctx.progress, fingerprint, {}, stopped=stopped)
+
+
+def _data_parallel(model: torch.nn.Module, device: torch.device, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The model on this rank's device, in DistributedDataParallel when there are peers (as Ray
+    Train's prepare_model makes it)."""
+    model = model.to(device)
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return model
+    if device.type == "cuda":
+        kwargs = {"device_ids": [device], "output_device": device, **kwargs}
+    return torch.nn.parallel.DistributedDataParallel(model, **kwargs)
 
 
 def _unwrap(obj: Any) -> Any:

@@ -1,0 +1,133 @@
+"""A ctx job's ranks under their node's agent: how they start, and how they reach the run monitor.
+
+The agent (supervisor.py) runs a ctx job's ranks as it runs a torchrun script's: child processes
+with torchrun's environment, restarted in place. What differs is what runs in them and what the
+agent does for them:
+- a child runs runtime/rank_main.py (the worker session and the training loop), started through
+  the same bootstrap as a script, with a config file the agent writes for each attempt;
+- the child sends its own events and heartbeats (with its phases: checkpoint, validation...)
+  through the agent (`Answers`, over agent_link.py); until its first heartbeat, the agent beats
+  "starting" for it, so that its imports and the process group's formation are not silence;
+- the child's step time is measured here, from the heartbeats passed on (Ray's metrics are
+  exported by a Ray process), afresh for each attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import types
+from typing import Any
+
+import ray
+
+from orchestrator.cluster.ray_private import preemption_notice
+from orchestrator.observe.metrics import WorkerMetrics
+from orchestrator.protocol import AttemptBegun, Beat, BeatReply
+from orchestrator.runtime.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT, LinkAddress
+from orchestrator.runtime.handoff import WorkerConfig
+from orchestrator.runtime.heartbeat import STARTING, TRAINING
+from orchestrator.runtime.identity import DEVICE_VAR, NODE_ID_VAR
+from orchestrator.runtime.rank_main import CONFIG_VAR, RankConfig, write_config
+from orchestrator.runtime.script.children import RAY_TRAIN_VARS, Placement
+from orchestrator.runtime.script.rank_start import RAY_VARS_PREFIX
+
+# Seconds the monitor's answer to a passed-on heartbeat may take (heartbeat.REPLY_TIMEOUT_S).
+BEAT_REPLY_S = 10.0
+# Seconds for an event the child waits for (its last, Finished).
+WAIT_S = 60.0
+# Seconds between the step-time gauge's updates (session.PROGRESS_INTERVAL_S).
+STEP_TIME_EVERY_S = 2.0
+
+
+class CtxStart:
+    """The command, directory and environment of a ctx job's rank children."""
+
+    def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str):
+        self.config, self.link, self.scratch, self.node_id = config, link, scratch, node_id
+
+    @staticmethod
+    def command() -> list[str]:
+        return ["-m", "orchestrator.runtime.rank_main"]
+
+    @staticmethod
+    def cwd() -> str:
+        return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
+
+    def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
+        spec = self.config.spec
+        env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
+        env.update(spec.env)
+        if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in spec.env:
+            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]  # Ray Train's rule for its workers, kept
+        path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
+        # The child's session: the monitor through this agent; its output reaches its log through
+        # this agent's copy of its pipe, so it writes no log of its own.
+        worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
+        write_config(path, RankConfig(worker=worker, in_place=in_place))
+        env.update({CONFIG_VAR: path, DEVICE_VAR: str(_agent_device()), NODE_ID_VAR: self.node_id,
+                    "PYTHONUNBUFFERED": "1"})
+        return env
+
+
+def _agent_device():
+    """This agent's device, as Ray Train assigned it (its rank child trains there)."""
+    import ray.train.torch
+
+    return ray.train.torch.get_device()
+
+
+class Answers:
+    """The agent's answers to its rank children's calls (agent_link.LinkServer's handler)."""
+
+    def __init__(self, monitor, run: str):
+        self.monitor, self.run = monitor, run
+        self.attempt = 0
+        self.latest_uri: str | None = None
+        self.stop_requested = False
+        self._lock = threading.Lock()
+        self._beating: set[int] = set()
+        self._step_time: dict[int, WorkerMetrics] = {}
+
+    def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
+        with self._lock:
+            self.attempt, self.latest_uri = attempt, latest_uri
+            self._beating.clear()
+            self._step_time.clear()
+
+    def beats_itself(self, rank: int) -> bool:
+        return rank in self._beating
+
+    def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
+        """The agent's beat for a child that has not beaten yet (imports, the process group)."""
+        return Beat(rank=rank, step=0, phase=STARTING, idle_s=idle_s, node_id=node_id, pid=pid)
+
+    def __call__(self, op: str, payload: Any) -> Any:
+        if op == SEND:
+            self.monitor.push.remote(payload)
+            return None
+        if op == SEND_AND_WAIT:
+            ray.get(self.monitor.push.remote(payload), timeout=WAIT_S)
+            return None
+        if op == BEGIN:
+            return AttemptBegun(self.attempt, self.latest_uri)
+        if op == BEAT:
+            return self._beat(*payload)
+        if op == PREEMPTION:
+            notice = preemption_notice()
+            if notice is None:
+                return None
+            return types.SimpleNamespace(deadline_ms=getattr(notice, "deadline_ms", None),
+                                         preempted_node_ids=list(getattr(notice, "preempted_node_ids", [])))
+        raise ValueError(f"unknown call {op!r}")
+
+    def _beat(self, attempt: int, beat: Beat) -> BeatReply:
+        with self._lock:
+            self._beating.add(beat.rank)
+            if beat.phase == TRAINING and attempt == self.attempt:
+                gauge = self._step_time.setdefault(beat.rank, WorkerMetrics(self.run, beat.rank, STEP_TIME_EVERY_S))
+                gauge.stepped(beat.step)
+        reply = ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)
+        self.stop_requested = self.stop_requested or reply.stop
+        return reply
