@@ -5,10 +5,11 @@ SGD with momentum, the same per-rank batch size and the same `step_sleep` after 
 step, but the orchestrator does what the script did by hand: DDP (ctx.prepare_model), sharding and
 mid-epoch resume (ctx.data_loader), checkpoints (spec checkpoint.every_n_steps) and the restart.
 
-Rank `fault_rank` SIGKILLs its own process once, at step `fault_step` of epoch `fault_epoch`: on
-this path a rank is a Ray Train worker, so Ray Train sees a worker die and restarts the whole
-worker group from the newest checkpoint. The marker file `<work_dir>/fault-kill.done`, written
-just before, holds the time.time() of the kill and keeps the restarted group from doing it again.
+Rank `fault_rank` SIGKILLs its own process once (fault kill), at step `fault_step` of epoch
+`fault_epoch`: a rank is a child process of its node's agent, which restarts every rank in place.
+With fault kill_agent it SIGKILLs its agent (its parent, the Ray Train worker) instead: Ray Train
+restarts the whole worker group. The marker file `<work_dir>/fault-kill.done`, written just
+before, holds the time.time() of the kill and keeps the restarted ranks from doing it again.
 
 Rank 0 appends one JSON line per event to `<work_dir>/events.jsonl`, as the torchrun script does:
 {"kind": "start" | "first_step" | "rate", "time": time.time(), "attempt": which start of the worker
@@ -51,7 +52,9 @@ def event(cfg: dict, rank: int, kind: str, **fields) -> None:
 
 
 def hurt_once(cfg: dict, rank: int, epoch: int, step: int) -> None:
-    if cfg.get("fault", "none") != "kill":
+    """fault kill: this rank's process is SIGKILLed; kill_agent: its node's agent (its parent)."""
+    fault = cfg.get("fault", "none")
+    if fault not in ("kill", "kill_agent"):
         return
     if rank != cfg.get("fault_rank", 1) or epoch != cfg.get("fault_epoch", 1) or step != cfg.get("fault_step", 3):
         return
@@ -60,7 +63,7 @@ def hurt_once(cfg: dict, rank: int, epoch: int, step: int) -> None:
         return
     with open(marker, "w") as f:
         f.write(str(time.time()))
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getppid() if fault == "kill_agent" else os.getpid(), signal.SIGKILL)
 
 
 def train_loop(ctx) -> None:

@@ -11,7 +11,8 @@ Which folder runs where (each imports only from the folders listed above it; tes
     cluster/     the driver's connection to Ray: embedded and warm clusters, their processes
     checkpoint/  the store: commits, manifests, the writer lease (driver and workers)
     observe/     metrics, goodput, summary.json, status: what a run reports
-    runtime/     runs in a Ray Train worker: the session, the torch/ and lightning/ paths, script/ (torchrun)
+    runtime/     runs in a Ray Train worker (a node's agent, script/) and in the rank children it
+                 starts (rank_main.py, the session, the torch/ path); lightning/ in the worker itself
     driver/      runs in the driver: resume decision, launch, monitor, watchdog, console, doctor
     cli/         one module per command; the driver and runtime meet only in runtime/handoff.py
 """

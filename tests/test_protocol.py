@@ -38,7 +38,7 @@ def test_every_event_has_a_kind_of_its_own_and_becomes_plain_json():
     assert pickle.loads(pickle.dumps(started)) == started
 
 
-def _monitor(max_restarts: int | None = None) -> RunMonitor:
+def _monitor(max_restarts: int = -1) -> RunMonitor:
     return RunMonitor.__ray_actor_class__(hang_timeout_s=10.0, max_restarts=max_restarts)
 
 
@@ -74,5 +74,8 @@ def test_a_scripts_restart_in_place_is_the_next_attempt_and_late_beats_of_the_la
     assert monitor.script_verdict(2).action == FINISH
     # A group restart after that is one more attempt of the same budget.
     assert monitor.begin_group(2, workers=1).attempt == 3
-    assert monitor.script_state() == {"attempt": 3, "restarts": 2, "max_restarts": 3}
+    assert monitor.script_state() == {"attempt": 3, "restarts": 2, "max_restarts": 3, "latest_uri": None}
+    # The newest checkpoint committed in the run is where the next attempt's rank 0 resumes.
+    monitor.push(CheckpointCommitted(uri="store://step-8", step=8))
+    assert monitor.script_state()["latest_uri"] == "store://step-8"
 

@@ -183,23 +183,20 @@ class LocalRanks:
         return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
 
     def dump_stacks(self, wait_s: float = 2.0) -> dict[int, str]:
-        """Every live child's Python stacks into its log; where each one's own code stood (rank -> file:line)."""
-        marks = set()
-        for child in self.children:
-            if child.process.poll() is None:
-                marks.add(child.rank)
-                child.tail.clear()
-                _signal_main_thread(child, STACK_SIGNAL)
-                _signal(child, signal.SIGCONT)  # a stopped process handles the signal once continued
-        deadline = time.monotonic() + wait_s
-        where: dict[int, str] = {}
-        while time.monotonic() < deadline and len(where) < len(marks):
-            time.sleep(0.1)
-            for child in self.children:
-                if child.rank in marks and child.rank not in where:
-                    place = _own_frame(list(child.tail))
-                    if place:
-                        where[child.rank] = place
+        """Every live child's Python stacks into its log; where each one's own code stood (rank -> file:line).
+
+        A stopped child (SIGSTOP, a frozen node) must run to dump its stacks. Its running peers
+        on this node are dumped first and then stopped, so that once it runs it waits for them at
+        its next collective instead of training on past the verdict (a step, a checkpoint).
+        """
+        live = [c for c in self.children if c.process.poll() is None]
+        stopped = [c for c in live if c.stopped()]
+        running = [c for c in live if c not in stopped]
+        where = _dump(running, wait_s)
+        if stopped:
+            for child in running:
+                _signal(child, signal.SIGSTOP)
+            where.update(_dump(stopped, wait_s))
         return where
 
     @property
@@ -262,6 +259,24 @@ def _signal(child: Child, signum: int) -> None:
         os.kill(child.process.pid, signum)
     except ProcessLookupError:
         pass
+
+
+def _dump(children: list[Child], wait_s: float) -> dict[int, str]:
+    """faulthandler's dump of each child's stacks (bootstrap.py), read back from its output."""
+    for child in children:
+        child.tail.clear()
+        _signal_main_thread(child, STACK_SIGNAL)
+        _signal(child, signal.SIGCONT)  # a stopped process handles the signal once continued
+    deadline = time.monotonic() + wait_s
+    where: dict[int, str] = {}
+    while time.monotonic() < deadline and len(where) < len(children):
+        time.sleep(0.1)
+        for child in children:
+            if child.rank not in where:
+                place = _own_frame(list(child.tail))
+                if place:
+                    where[child.rank] = place
+    return where
 
 
 def _signal_main_thread(child: Child, signum: int) -> None:

@@ -8,6 +8,10 @@ agent does for them:
 - the child sends its own events and heartbeats (with its phases: checkpoint, validation...)
   through the agent (`Answers`, over agent_link.py); until its first heartbeat, the agent beats
   "starting" for it, so that its imports and the process group's formation are not silence;
+- a child whose own heartbeat is overdue while its process runs (a C call that holds the GIL,
+  a loaded machine) is vouched for by the agent: its last beat again, its idle time grown, so that
+  a rank that makes no progress is still caught, while silence is left to a process that is
+  stopped (SIGSTOP, a frozen node), which the agent sees and does not vouch for;
 - the child's step time is measured here, from the heartbeats passed on (Ray's metrics are
   exported by a Ray process), afresh for each attempt.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 import types
 from typing import Any
 
@@ -39,6 +44,9 @@ BEAT_REPLY_S = 10.0
 WAIT_S = 60.0
 # Seconds between the step-time gauge's updates (session.PROGRESS_INTERVAL_S).
 STEP_TIME_EVERY_S = 2.0
+# Seconds a running child's own heartbeat may be late before the agent vouches for it (it beats
+# every second; the watchdog calls a rank silent after watchdog.SILENT_AFTER_S = 4).
+VOUCH_AFTER_S = 2.5
 
 
 class CtxStart:
@@ -89,12 +97,15 @@ class Answers:
         self._lock = threading.Lock()
         self._beating: set[int] = set()
         self._step_time: dict[int, WorkerMetrics] = {}
+        # Per rank: its newest beat and when it arrived (time.monotonic()).
+        self._last: dict[int, tuple[Beat, float]] = {}
 
     def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
         with self._lock:
             self.attempt, self.latest_uri = attempt, latest_uri
             self._beating.clear()
             self._step_time.clear()
+            self._last.clear()
 
     def beats_itself(self, rank: int) -> bool:
         return rank in self._beating
@@ -102,6 +113,15 @@ class Answers:
     def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
         """The agent's beat for a child that has not beaten yet (imports, the process group)."""
         return Beat(rank=rank, step=0, phase=STARTING, idle_s=idle_s, node_id=node_id, pid=pid)
+
+    def vouched(self, rank: int, now: float) -> Beat | None:
+        """The running child's last beat, aged by the time since, once its own is overdue (else None)."""
+        with self._lock:
+            last = self._last.get(rank)
+        if last is None or now - last[1] < VOUCH_AFTER_S:
+            return None
+        beat, at = last
+        return dataclasses.replace(beat, idle_s=beat.idle_s + (now - at), received=0.0)
 
     def __call__(self, op: str, payload: Any) -> Any:
         if op == SEND:
@@ -125,6 +145,7 @@ class Answers:
     def _beat(self, attempt: int, beat: Beat) -> BeatReply:
         with self._lock:
             self._beating.add(beat.rank)
+            self._last[beat.rank] = (beat, time.monotonic())
             if beat.phase == TRAINING and attempt == self.attempt:
                 gauge = self._step_time.setdefault(beat.rank, WorkerMetrics(self.run, beat.rank, STEP_TIME_EVERY_S))
                 gauge.stepped(beat.step)

@@ -357,10 +357,12 @@ class Supervisor:
             if child.stopped():
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
             if self.sessions:
-                # A ctx child beats itself, once its session starts (ctx_ranks.py); until then, the agent.
-                if not self.answers.beats_itself(child.rank):
-                    replies.append(self.monitor.beat.remote(attempt, self.answers.starting_beat(
-                        child.rank, now - child.started, self.node_id, child.process.pid)))
+                # A session child beats itself once its session starts; until then, or while its
+                # own beat is overdue though it runs, the agent beats for it (ctx_ranks.py).
+                beat = (self.answers.vouched(child.rank, now) if self.answers.beats_itself(child.rank) else
+                        self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
+                if beat is not None:
+                    replies.append(self.monitor.beat.remote(attempt, beat))
                 continue
             used = cpu.get(child.process.pid, 0.0)
             before, alive_at = self._cpu.get(child.rank, (used, now - progress.idle_s))
