@@ -62,6 +62,8 @@ _COMMUNICATION_MARKERS = (
     "watchdog caught collective operation timeout", "no route to host", "connection refused",
     "read error", "unhandled system error", "remote process exited",
 )
+# Of those, the ones that say a peer went away: a rank seeing them is the consequence of its failure.
+_LOST_PEER_MARKERS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited", "connection refused")
 # OSErrors a retry may get past (a storage or network hiccup); the rest (a missing file, a
 # permission, a full disk) are the user's to fix.
 _TRANSIENT_ERRNOS = {errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
@@ -176,6 +178,11 @@ def _is_infrastructure(exc: BaseException) -> bool:
         text = str(exc).lower()
         return any(marker in text for marker in _COMMUNICATION_MARKERS) or is_gpu_fault(exc) or is_memory_kill(exc)
     return False
+
+
+def lost_peer(error: str) -> bool:
+    """Whether an error's text says a peer went away (gloo's, NCCL's, a socket's)."""
+    return any(marker in error.lower() for marker in _LOST_PEER_MARKERS)
 
 
 def raised_at(exc: BaseException) -> str:

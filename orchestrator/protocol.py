@@ -18,6 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from orchestrator.failures import lost_peer
+
 
 @dataclass(kw_only=True)
 class Event:
@@ -247,8 +249,10 @@ class Verdict:
     reason: str = ""
 
 
-def cause_order(failure: dict[str, Any]) -> tuple[bool, bool, int]:
+def cause_order(failure: dict[str, Any]) -> tuple[bool, bool, bool, int]:
     """Which of an attempt's rank failures is its cause, least first: a signal death or a hang
     (decisive), then a rank that exited on its own (sys.exit), whose peers' communication errors
-    follow from it, then the lowest rank."""
-    return not failure.get("decisive"), failure.get("kind") != "exit", failure["rank"]
+    follow from it, then an error that does not say a peer went away (its peers' do), then the
+    lowest rank."""
+    return (not failure.get("decisive"), failure.get("kind") != "exit", lost_peer(failure.get("error", "")),
+            failure["rank"])

@@ -280,7 +280,9 @@ def test_optimizer_steps_are_counted_through_torchs_global_hook_and_stacks_dump_
         # Every thread's stack (the bootstrap's liveness thread's too); the main thread's is the one asked for.
         dump = [process.stdout.readline() for _ in range(8)]
         assert any('train.py", line 8 in wait_here' in line for line in dump), dump
-        assert process.poll() is None  # the dump does not end the script
+        # The dump is the hang verdict's: the rank ends by the signal right after it, taking no
+        # further step (its restart follows).
+        assert process.wait(timeout=10) == -signal.SIGUSR2
     finally:
         process.kill()
         process.wait()
@@ -307,14 +309,16 @@ def test_a_stopped_ranks_stack_is_taken_where_it_stopped_before_it_runs_on(tmp_p
         "    moved_on()\n")
     placement = Placement(group_rank=0, group_world_size=1, local_world_size=1, master_addr="127.0.0.1",
                           master_port=29500, attempt=1, max_restarts=0, run_id="stacks")
-    ranks = LocalRanks([str(script)], cwd=str(tmp_path), base_env=dict(os.environ), placement=placement,
-                       scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
-    try:
-        for _ in range(5):
+    for _ in range(5):  # the rank ends with its dump (bootstrap.py): a new one each try
+        ranks = LocalRanks([str(script)], cwd=str(tmp_path), base_env=dict(os.environ), placement=placement,
+                           scratch=str(tmp_path / "scratch"), log_dir=str(tmp_path / "logs"))
+        try:
             wait_for(ranks.children[0].stopped, timeout=30)
             assert ranks.dump_stacks(wait_s=10) == {0: "train.py:8 in stuck_here"}
-    finally:
-        ranks.stop()
+            # ...and it ran no further: it ended by the dump's signal.
+            assert ranks.children[0].process.wait(timeout=10) == -signal.SIGUSR2
+        finally:
+            ranks.stop()
 
 
 # --- the spec's script: section -----------------------------------------------------------------
@@ -383,3 +387,6 @@ def test_of_two_ranks_of_one_node_that_ended_the_signal_death_is_the_cause_not_i
     exited = {"rank": 2, "kind": "exit", "decisive": False, "error": "exited with status 3"}
     assert min([peer, killed, exited], key=cause_order) == killed
     assert min([peer, exited], key=cause_order) == exited
+    # Of two errors alike, the one that does not say a peer went away is the cause, whatever its rank.
+    reset = {"rank": 1, "kind": "infrastructure", "decisive": False, "error": "ConnectionResetError: the NIC failed"}
+    assert min([peer, reset], key=cause_order) == reset

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import storage
+from orchestrator.failures import FailureRecord
 from orchestrator.observe.goodput import describe as goodput_line
 from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted, RestartInPlace
 from orchestrator.storage import Location
@@ -180,6 +181,10 @@ def _failure_entry(event: Failure | RestartInPlace) -> dict[str, Any]:
     """summary.json's record of a failure: of the whole group, or of a rank restarted in place."""
     if isinstance(event, Failure):
         return {**{k: v for k, v in event.to_record().items() if k != "kind"}, "in_place": False}
-    rank = {k: v for k, v in event.failure.items() if k not in ("hang", "decisive", "last_lines")}
-    return {"time": event.time, "classification": event.failure.get("kind", ""), "ranks": [rank],
-            "hang": event.failure.get("hang"), "exhausted": False, "in_place": True}
+    failure = event.failure
+    # The rank's FailureRecord as a group failure lists it (every field), with the agent's extras (its log).
+    known = {k: failure[k] for k in FailureRecord.__dataclass_fields__ if k in failure}
+    extras = {k: v for k, v in failure.items() if k not in known and k not in ("hang", "decisive", "last_lines")}
+    rank = {**asdict(FailureRecord(**{"rank": -1, "kind": "", "error": "", **known})), **extras}
+    return {"time": event.time, "classification": failure.get("kind", ""), "ranks": [rank],
+            "hang": failure.get("hang"), "exhausted": False, "in_place": True}

@@ -8,8 +8,10 @@
 - Liveness beside the steps: a daemon thread looks at the main thread's Python stack once a
   second and notes in the same file when it last moved, so that a script that never steps an
   optimizer (evaluation, preprocessing, a hand-written update) is judged by whether it still runs.
-- Stacks on demand: faulthandler dumps every thread's Python stack into this rank's log on
-  ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, on a hang verdict).
+- Stacks on a hang verdict: faulthandler dumps every thread's Python stack into this rank's log
+  on ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, once the attempt is judged
+  hung), and the rank then ends by that signal, from within the handler: a frozen rank that is
+  continued for its dump takes no step and writes no checkpoint past the verdict.
 - The outcome: an uncaught exception is printed as Python prints it, classified with the same
   rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
   `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
@@ -171,7 +173,9 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     _take_niceness()
     stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
-    faulthandler.register(stack_signal, file=sys.stderr, all_threads=True)
+    # chain: after the dump, the signal's default action (the end of the process) runs, before
+    # the main thread runs another line of the script.
+    faulthandler.register(stack_signal, file=sys.stderr, all_threads=True, chain=True)
     if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
         beats = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
         _count_optimizer_steps(beats)

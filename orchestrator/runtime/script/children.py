@@ -183,21 +183,10 @@ class LocalRanks:
         return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
 
     def dump_stacks(self, wait_s: float = 2.0) -> dict[int, str]:
-        """Every live child's Python stacks into its log; where each one's own code stood (rank -> file:line).
-
-        A stopped child (SIGSTOP, a frozen node) must run to dump its stacks. Its running peers
-        on this node are dumped first and then stopped, so that once it runs it waits for them at
-        its next collective instead of training on past the verdict (a step, a checkpoint).
-        """
-        live = [c for c in self.children if c.process.poll() is None]
-        stopped = [c for c in live if c.stopped()]
-        running = [c for c in live if c not in stopped]
-        where = _dump(running, wait_s)
-        if stopped:
-            for child in running:
-                _signal(child, signal.SIGSTOP)
-            where.update(_dump(stopped, wait_s))
-        return where
+        """Every live child's Python stacks into its log, each child ending right after its dump
+        (bootstrap.py: a stopped one is continued for it, and trains no further); where each
+        one's own code stood (rank -> file:line)."""
+        return _dump([c for c in self.children if c.process.poll() is None], wait_s)
 
     @property
     def sessions(self) -> set[int]:

@@ -10,7 +10,7 @@ its ranks as child processes (children.py), with torchrun's environment, and wat
   last moved, when its session last used CPU) go to the run monitor as heartbeats, and a child
   that exited 0 is reported finished: the hang watchdog judges an unmodified script by what it
   does, not by whether it steps an optimizer (driver/watchdog.py). A stopped child (SIGSTOP)
-  sends none. On a hang verdict every rank's stacks go into its log first;
+  sends none. On a hang verdict every rank's stacks go into its log, and it ends;
 - rank 0's output is sent to the driver's console (best effort: a backlog past ECHO_BACKLOG
   lines is dropped with a note, the log keeps everything); every rank's goes to
   <run>/logs/rank-N.log, on every storage (on an object store, copied there at each end of the
