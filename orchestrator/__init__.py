@@ -12,7 +12,7 @@ Which folder runs where (each imports only from the folders listed above it; tes
     checkpoint/  the store: commits, manifests, the writer lease (driver and workers)
     observe/     metrics, goodput, summary.json, status: what a run reports
     runtime/     runs in a Ray Train worker (a node's agent, script/) and in the rank children it
-                 starts (rank_main.py, the session, the torch/ path); lightning/ in the worker itself
+                 starts (rank_main.py, the session, the torch/ and lightning/ paths)
     driver/      runs in the driver: resume decision, launch, monitor, watchdog, console, doctor
     cli/         one module per command; the driver and runtime meet only in runtime/handoff.py
 """

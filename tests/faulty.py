@@ -231,28 +231,53 @@ class OldPackageModel(pytorch_lightning.LightningModule):
     """A module written against the older package name: refused with the import to change."""
 
 
+def _record_start(starts: str, rank: int, attempt: int) -> None:
+    """A JSON line for this start of a rank: who it is, its parent (the node's agent), the restarts."""
+    import json
+
+    with open(starts, "a") as f:
+        f.write(json.dumps({"rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "attempt": attempt,
+                            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}) + "\n")
+
+
+def _fault_once(faults: list[dict], step: int, rank: int) -> None:
+    """The fault of `faults` ({at, rank, how, marker}) due at this step on this rank, once each."""
+    for fault in faults:
+        if step != fault["at"] or rank != fault["rank"] or Path(fault["marker"]).exists():
+            continue
+        Path(fault["marker"]).write_text(str(step))
+        if fault["how"] == "raise":
+            raise ConnectionResetError(f"injected: the peer went away at step {step}")
+        os.kill(os.getpid(), signal.SIGKILL if fault["how"] == "kill" else signal.SIGSTOP)
+
+
 def torch_loop_three_faults(ctx) -> None:
     """jobs.digits_torch's loop with one fault per attempt, each once (a marker file per fault):
     `faults` is a list of {at, rank, how, marker}, how one of kill (SIGKILL), stop (SIGSTOP: frozen)
     or raise (a lost peer's ConnectionResetError, an infrastructure error). Every start of a rank
-    appends who it is to `starts` (a JSON line: rank, pid, its parent's pid, TORCHELASTIC_RESTART_COUNT).
-    With `pace_s`, each step takes that much longer."""
-    import json
+    appends who it is to `starts` (_record_start). With `pace_s`, each step takes that much longer."""
     import time
 
     faults, starts, pace_s = ctx.config.pop("faults"), ctx.config.pop("starts"), ctx.config.pop("pace_s", 0)
-    with open(starts, "a") as f:
-        f.write(json.dumps({"rank": ctx.rank, "pid": os.getpid(), "ppid": os.getppid(), "attempt": ctx.attempt,
-                            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}) + "\n")
+    _record_start(starts, ctx.rank, ctx.attempt)
 
     def act(step):
         time.sleep(pace_s)
-        for fault in faults:
-            if step != fault["at"] or ctx.rank != fault["rank"] or Path(fault["marker"]).exists():
-                continue
-            Path(fault["marker"]).write_text(str(step))
-            if fault["how"] == "raise":
-                raise ConnectionResetError(f"injected: the peer went away at step {step}")
-            os.kill(os.getpid(), signal.SIGKILL if fault["how"] == "kill" else signal.SIGSTOP)
+        _fault_once(faults, step, ctx.rank)
 
     _fault_step(ctx, act)
+
+
+class ThreeFaultsClassifier(DigitsClassifier):
+    """The quickstart model meeting torch_loop_three_faults' faults, after the optimizer step of
+    each step named, and recording each start of its rank the same way."""
+
+    def __init__(self, faults: list, starts: str, **kwargs):
+        super().__init__(**kwargs)
+        self._faults, self._starts = faults, starts
+
+    def on_fit_start(self):
+        _record_start(self._starts, self.global_rank, int(os.environ["ORCHESTRATOR_ATTEMPT"]))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        _fault_once(self._faults, self.trainer.global_step, self.global_rank)

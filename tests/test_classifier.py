@@ -39,7 +39,7 @@ HANG_TIMEOUT_S = 30.0
 NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
 
 
-def _monitor(max_restarts: int | None = None):
+def _monitor(max_restarts: int = -1):
     """The run monitor (the plain object inside the actor) after a group of two ranks started on
     two nodes, as their worker_started events tell it."""
     monitor = RunMonitor.__ray_actor_class__(HANG_TIMEOUT_S, None, max_restarts)

@@ -120,7 +120,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
                 "`orchestrator down` stops it)")
         try:
             monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits,
-                                    max_restarts=job.failure.max_failures if job.kind != "lightning" else None)
+                                    max_restarts=job.failure.max_failures)
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()),

@@ -65,7 +65,7 @@ class OutputBuffer:
 
 
 def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
-                  max_restarts: int | None = None) -> ray.actor.ActorHandle:
+                  max_restarts: int = -1) -> ray.actor.ActorHandle:
     """A RunMonitor on the driver's own node.
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
@@ -93,9 +93,9 @@ class RunMonitor:
         self._taken_over: str | None = None
         # Per attempt: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
-        # A torchrun script's run (max_restarts given): its ranks restart in place (rounds.py), each
-        # restart a new attempt in the same worker group.
-        self._rounds = InPlaceRounds(max_restarts) if max_restarts is not None else None
+        # Every rank is a child of its node's agent: a failed rank restarts every rank in place
+        # (rounds.py), each restart a new attempt in the same worker group.
+        self._rounds = InPlaceRounds(max_restarts)
         self._ranks = 0
         self._output = OutputBuffer()
 
@@ -120,19 +120,16 @@ class RunMonitor:
         ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
         return any(isinstance(e, Finished) and e.stopped == stopped for e in self._events)
 
-    def begin_group(self, world_size: int, workers: int | None = None) -> AttemptBegun:
-        """Rank 0 of a new worker group (a script's: its `workers` agents, running `world_size`
-        ranks): the attempt it starts, and the newest checkpoint of this run."""
+    def begin_group(self, world_size: int, workers: int = 1) -> AttemptBegun:
+        """Agent 0 of a new worker group (`workers` agents, running `world_size` ranks): the
+        attempt it starts, and the newest checkpoint of this run."""
         latest = self._latest_checkpoint
-        if self._rounds is None:
-            self._attempt += 1
-        else:
-            self._attempt = self._rounds.new_group(workers or 1)
-            self._ranks = world_size
+        self._attempt = self._rounds.new_group(workers)
+        self._ranks = world_size
         self._watchdog.new_attempt(self._attempt, world_size, time.time())
         return AttemptBegun(self._attempt, latest.uri if latest else None)
 
-    # --- a torchrun script's attempts in place (rounds.py) --------------------------------------
+    # --- the attempts in place (rounds.py) -----------------------------------------------------
 
     def script_state(self) -> dict[str, Any]:
         """The attempt starting now, the restarts allowed, and the newest checkpoint committed in
@@ -155,41 +152,37 @@ class RunMonitor:
         return verdict
 
     def beat(self, attempt: int, beat: Beat) -> BeatReply:
-        """A rank's heartbeat. The reply tells it whether its attempt is hung or asked to stop."""
+        """A rank's heartbeat. The reply tells it whether to end now, or to stop (a hang verdict is
+        a failure of the attempt: every rank restarts in place, rounds.py)."""
         now = time.time()
         if beat.rank == 0 and beat.step > self._last_steps.get(attempt, (0, 0.0))[0]:
             self._last_steps[attempt] = (beat.step, now)
         undecided = self._watchdog.verdict is None
         verdict = self._watchdog.observe(attempt, beat, now)
         stop = self._stop_requested is not None
-        if self._rounds is not None:
-            # A script's ranks restart in place: the verdict is a failure of the attempt, not an abort.
-            if verdict is not None and undecided:
-                for rank in verdict.ranks:
-                    self._rounds.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
-                                                      "error": verdict.message, "hang": verdict.to_record()}, now)
-            return BeatReply(abort=self._abort_reason, stop=stop)
-        if verdict is not None and undecided:  # recorded once, when it is reached
-            self.push(verdict)
-        return BeatReply(abort=verdict.message if verdict else self._abort_reason, stop=stop)
+        if verdict is not None and undecided:
+            for rank in verdict.ranks:
+                self._rounds.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
+                                                  "error": verdict.message, "hang": verdict.to_record()}, now)
+        return BeatReply(abort=self._abort_reason, stop=stop)
 
     def last_steps(self) -> dict[int, tuple[int, float]]:
         return dict(self._last_steps)
 
     def failure_context(self) -> dict[str, Any]:
-        """What Ray Train's controller needs to classify a failure of the current group: the hang
-        verdict, whether the run is stopping, where each rank ran, and the earlier failures'
-        errors a retry could have got past (an error back at the same step is the data's)."""
+        """What Ray Train's controller needs to classify a failure of the current group (a lost
+        agent): whether the run is stopping, where each rank ran, and the earlier failures'
+        errors a retry could have got past (an error back at the same step is the data's). A hang
+        is never one: its ranks restart in place (`hang` is None)."""
         places = {e.rank: {"node_id": e.node_id, "pid": e.pid, "hostname": e.hostname}
                   for e in self._events if isinstance(e, RankStarted) and e.attempt == self._attempt}
         earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
                    if isinstance(e, Failure) for r in e.ranks if r.get("signature")]
         exhausted = None
-        if self._rounds is not None and self._rounds.exhausted:
+        if self._rounds.exhausted:
             exhausted = (f"the run used all {self._rounds.restarts} restart(s) failure.max_failures "
                          f"({self._rounds.max_restarts}) allows, in place and of the whole group together")
-        verdict = self._watchdog.verdict
-        return {"hang": verdict.to_record() if verdict is not None and self._rounds is None else None,
+        return {"hang": None,
                 "stopping": self._stop_requested is not None, "places": places,
                 "taken_over": self._taken_over, "restarts_exhausted": exhausted,
                 "earlier": earlier}

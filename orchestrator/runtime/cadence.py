@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-from orchestrator.cluster.ray_private import preemption_notice
 from orchestrator.runtime.collectives import broadcast_tensor
 from orchestrator.spec import CheckpointSpec
 
@@ -33,7 +32,7 @@ MAX_STEPS_BETWEEN_AGREEMENTS = 100
 
 class SaveCadence:
     def __init__(self, spec: CheckpointSpec, rank: int, world_size: int,
-                 notice: Callable[[], object | None] = preemption_notice,
+                 notice: Callable[[], object | None] = lambda: None,
                  stop_requested: Callable[[], bool] = lambda: False):
         self.spec = spec
         self.rank, self.world_size = rank, world_size

@@ -53,13 +53,6 @@ class WorkerConfig:
     storage_nonce: str | None
     script_context: ScriptContext | None = None
 
-    @property
-    def monitor_is_agent(self) -> bool:
-        """Whether `monitor` is reached through the node's agent (a rank child's config)."""
-        from orchestrator.runtime.agent_link import LinkAddress
-
-        return isinstance(self.monitor, LinkAddress)
-
     def to_config(self) -> dict[str, Any]:
         return {CONFIG_KEY: self}
 

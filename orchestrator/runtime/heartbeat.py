@@ -1,12 +1,13 @@
-"""A worker's heartbeat: what its training thread is doing, sent to the run monitor every second.
+"""A rank's heartbeat: what its training thread is doing, sent to the run monitor every second.
 
 The training thread only sets a few attributes (`phase`, `stepped`): nothing on the hot path
-talks to the monitor. A daemon thread sends them (through monitor_client.py), with where the
-training thread stands, and acts on the reply:
-- the group is hung (the watchdog's verdict): this worker ends its own process, so that Ray
-  Train notices at its next health check and restarts the group from the newest checkpoint.
-  The training thread may be blocked in a collective that would otherwise wait for half an
-  hour, and a process that exits needs nobody's cooperation;
+talks to the monitor. A daemon thread sends them (through its agent: agent_link.py), with where
+the training thread stands, and acts on the reply:
+- the ranks are to end now (a stop whose grace ran out, the run taken over by another driver):
+  this rank ends its own process with HANG_EXIT_CODE, which its agent takes as that order. The
+  training thread may be blocked in a collective that would otherwise wait for half an hour,
+  and a process that exits needs nobody's cooperation. (A hang verdict is not sent this way: the
+  run monitor restarts every rank in place through their agents, driver/rounds.py.);
 - the driver asked the run to stop: `stop_requested` turns true, and the next step's agreement
   (`cadence.py`) takes a last checkpoint and ends training.
 """

@@ -1,4 +1,5 @@
-"""A rank of a ctx job as its node's agent runs it: a child process with torchrun's environment, no Ray.
+"""A rank of a ctx or Lightning job as its node's agent runs it: a child process with torchrun's
+environment, no Ray.
 
     python .../script/bootstrap.py -m orchestrator.runtime.rank_main
 
@@ -7,8 +8,9 @@ which gives it what every rank has: it dies with its agent, its optimizer steps 
 are watched, its stacks are dumped on a hang verdict, and an uncaught exception is classified and
 written for the agent. Here the rank joins the process group the agent's environment describes
 (env://), opens its worker session with the run monitor reached through the agent
-(agent_link.py), and runs the training loop. A crashed, hung or failed rank is restarted by its
-agent in place; only a lost agent goes through Ray Train's group restart.
+(agent_link.py), and runs the training: the ctx loop, or Lightning's Trainer. A crashed, hung
+or failed rank is restarted by its agent in place; only a lost agent goes through Ray Train's
+group restart.
 """
 
 from __future__ import annotations
@@ -77,13 +79,17 @@ def main() -> None:
     config = read_config(os.environ[CONFIG_VAR])
     _log_to_stderr()
     from orchestrator.runtime.session import WorkerSession
-    from orchestrator.runtime.torch.loop import train_torch
+
+    if config.worker.spec.kind == "lightning":
+        from orchestrator.runtime.lightning.fit import train_lightning as harness
+    else:
+        from orchestrator.runtime.torch.loop import train_torch as harness
 
     _join_process_group(rank_device(), config.worker.spec.failure.collective_timeout_s)
     session = WorkerSession(config.worker, in_place=config.in_place)
     ended_well = False
     try:
-        train_torch(session)
+        harness(session)
         ended_well = True
     except BaseException as exc:
         session.abandon()

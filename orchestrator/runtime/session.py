@@ -25,6 +25,7 @@ from orchestrator.failures import TransientStartError
 from orchestrator.protocol import CheckpointCommitted, Finished, Preemption, RankStarted, ResumeFallback, RunWarning
 from orchestrator.protocol import Progress as ProgressEvent
 from orchestrator.run_dir import RunDir, storage_marker_problem
+from orchestrator.runtime.agent_link import AgentLink
 from orchestrator.runtime.cadence import SaveCadence
 from orchestrator.runtime.collectives import all_gather_object, broadcast_object
 from orchestrator.runtime.collectives import configure as configure_collectives
@@ -32,7 +33,6 @@ from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.runtime.identity import RankIdentity
 from orchestrator.runtime.metric_values import metric_floats
-from orchestrator.runtime.monitor_client import connect_monitor
 from orchestrator.runtime.rng import capture_rng
 from orchestrator.runtime.snapshot import SnapshotBuffers
 from orchestrator.runtime.train_state import Progress
@@ -132,7 +132,7 @@ class WorkerSession:
         configure_collectives(self.spec.failure)
         self.run_uri: str = config.run_uri
         self.resume_uri: str | None = config.resume_uri
-        self.monitor = connect_monitor(config.monitor)
+        self.monitor = AgentLink(config.monitor)  # the run monitor, through this rank's agent
         self.run_dir = RunDir.at(self.run_uri)
         identity = RankIdentity.from_env()
         self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
@@ -150,11 +150,9 @@ class WorkerSession:
         self._buffers = SnapshotBuffers()
         self._spec_record = self.spec.to_record()
         self.heartbeat: Heartbeat | None = None
-        # A rank child learns of a coming preemption from its agent (Ray Train tells the agent).
-        notice = {"notice": self.monitor.preemption_notice} if config.monitor_is_agent else {}
-        self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size,
-                                   stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested),
-                                   **notice)
+        # A coming preemption is learnt from the agent (Ray Train tells the agent).
+        self.cadence = SaveCadence(self.spec.checkpoint, self.rank, self.world_size, self.monitor.preemption_notice,
+                                   stop_requested=lambda: bool(self.heartbeat and self.heartbeat.stop_requested))
         # Seconds the training loop spent blocked in saves: gather, snapshot and hand-off.
         self.stall_seconds = 0.0
         self.last_save_step = -1
@@ -167,10 +165,7 @@ class WorkerSession:
         self._first_step_reported = False
         self._samples_since = 0
         self._since = time.monotonic()
-        # A rank child's step time is measured by its agent, from the beats it passes on (Ray's
-        # metrics are exported by a Ray process).
-        self.step_metrics = None if config.monitor_is_agent else _worker_metrics(self.spec.name, self.rank)
-        _quiet_worker(self.spec, self.rank, config.log_dir)
+        _quiet_rank()
 
     # --- the start of a worker group: one resume point for every rank ---------------------------
 
@@ -262,8 +257,6 @@ class WorkerSession:
     def stepped(self, progress: Progress) -> None:
         """After every optimizer step: the heartbeat's progress, and the driver's progress events."""
         self.heartbeat.stepped(progress.step)
-        if self.step_metrics is not None:
-            self.step_metrics.stepped(progress.step)
         first = not self._first_step_reported
         self._first_step_reported = True
         # The group's first step is always reported: goodput counts from it.
@@ -431,69 +424,21 @@ class WorkerSession:
         _flush_logs()
 
 
-def _worker_metrics(run: str, rank: int):
-    from orchestrator.observe.metrics import WorkerMetrics
+# --- the rank's output: its agent copies it into <run>/logs/rank-N.log ---------------------------
 
-    return WorkerMetrics(run, rank, PROGRESS_INTERVAL_S)
-
-
-# --- worker logs -------------------------------------------------------------------------------
-
-class _Tee:
-    """Writes to the worker's original stream (Ray's log file) and to the run's log file."""
-
-    def __init__(self, stream, file):
-        self._stream, self._file = stream, file
-
-    def write(self, text):
-        self._to_file(lambda: self._file.write(text))
-        return self._stream.write(text)
-
-    def flush(self):
-        self._to_file(self._file.flush)
-        self._stream.flush()
-
-    def _to_file(self, action) -> None:
-        """A run directory that fails (a full disk) stops the copy, never the training's prints."""
-        if self._file is None:
-            return
-        try:
-            action()
-        except OSError:
-            self._file = None
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-_LOG_FILE = None
-
-
-def _quiet_worker(spec: JobSpec, rank: int, log_dir: str | None) -> None:
+def _quiet_rank() -> None:
     """Keep per-rank chatter out of sight: Lightning's info lines and known harmless warnings."""
-    global _LOG_FILE
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     for pattern in (".*LeafSpec.*", ".*does not have many workers.*", ".*barebones.*", ".*is not resumable.*",
                     ".*TypedStorage is deprecated.*", ".*torch.utils._pytree.*"):
         warnings.filterwarnings("ignore", message=pattern)
-    if log_dir and _LOG_FILE is None:
-        try:
-            os.makedirs(log_dir, exist_ok=True)
-            _LOG_FILE = open(os.path.join(log_dir, f"rank-{rank}.log"), "a", buffering=1)
-            sys.stdout = _Tee(sys.stdout, _LOG_FILE)
-            sys.stderr = _Tee(sys.stderr, _LOG_FILE)
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            logging.getLogger("orchestrator").addHandler(handler)
-            logging.getLogger("orchestrator").setLevel(logging.INFO)
-        except OSError:
-            pass  # logs still reach Ray's own worker log files
 
 
 def _flush_logs() -> None:
-    if _LOG_FILE is not None:
+    """What this rank printed, to its agent's pipe before the process ends."""
+    for stream in (sys.stdout, sys.stderr):
         try:
-            _LOG_FILE.flush()
-        except OSError:
-            pass  # a full or lost run directory: Ray's own worker logs still hold everything
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # the agent is gone, or the stream closed

@@ -40,8 +40,8 @@ STRATEGY_CLASS_PATHS = (
 # DeepSpeedStrategy arguments the orchestrator sets on the workers.
 OWNED_ARGS = {
     "accelerator": "scaling.use_gpu chooses the accelerator",
-    "parallel_devices": "each Ray Train worker has its own device",
-    "cluster_environment": "Ray Train provides the ranks and the rendezvous",
+    "parallel_devices": "each rank has its own device, given by its node's agent",
+    "cluster_environment": "the node's agent provides the ranks and the rendezvous (torchrun's variables)",
     "process_group_backend": "NCCL with scaling.use_gpu, gloo without",
     "precision_plugin": "set lightning.trainer.precision",
     "load_full_weights": "a run resumes from its own DeepSpeed checkpoints, one file set per rank",

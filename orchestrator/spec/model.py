@@ -61,10 +61,10 @@ class LightningSpec:
     data: ClassRef | None
     # Keyword arguments for lightning.Trainer, checked against its signature.
     trainer: dict[str, Any]
-    # ddp: a full copy of the model per rank (Ray's RayDDPStrategy). fsdp: parameters, gradients
+    # ddp: a full copy of the model per rank (Lightning's DDPStrategy). fsdp: parameters, gradients
     # and optimizer state sharded over the ranks with FSDP2 (fully_shard), on CPUs and GPUs; a
     # module without a configure_model of its own is sharded per submodule, and every rank
-    # writes its own shard of each checkpoint (orchestrator/runtime/lightning_fsdp.py).
+    # writes its own shard of each checkpoint (orchestrator/runtime/lightning/fsdp.py).
     strategy: str = "ddp"
     # deepspeed: the arguments of Lightning's DeepSpeedStrategy (stage, offload, config...),
     # translated from lightning.trainer.strategy (orchestrator/spec_deepspeed.py); every rank
@@ -256,7 +256,7 @@ class JobSpec:
 
     @property
     def ranks_per_worker(self) -> int:
-        """Training processes each Ray Train worker runs: K children on the script path, else itself."""
+        """Rank children each Ray Train worker (a node's agent) runs: K on the script path, else one."""
         return self.script.nproc_per_node if self.script is not None else 1
 
     @property

@@ -1,8 +1,8 @@
 """`lightning.trainer.strategy: deepspeed`: an unchanged LightningModule trained with DeepSpeed ZeRO
 (stages 1-3, CPU offload on GPUs), with its checkpoints in the orchestrator's store.
 
-The strategy is Ray's RayDeepSpeedStrategy (Lightning's DeepSpeedStrategy with Ray Train's
-devices and ranks) with three things added:
+The strategy is Lightning's DeepSpeedStrategy (the ranks and devices from torchrun's variables,
+in a rank child of its node's agent) with three things added:
 
 - **CPUs.** Lightning allows DeepSpeed on CUDA only, though DeepSpeed has a CPU accelerator that
   trains over gloo. On a CPU run the two GPU-only checks are skipped and the device is given an
@@ -35,7 +35,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies.ddp import DDPStrategy
-from ray.train.lightning import RayDeepSpeedStrategy
+from lightning.pytorch.strategies.deepspeed import DeepSpeedStrategy
 
 FILE_PREFIX = "deepspeed-"
 TAG = "checkpoint"  # DeepSpeed's folder for one checkpoint (Lightning's tag)
@@ -111,8 +111,8 @@ class StoreFiles(CheckpointEngine):
         return True
 
 
-class StoreDeepSpeedStrategy(RayDeepSpeedStrategy):
-    """RayDeepSpeedStrategy on CPUs as on GPUs, saving to and resuming from the store.
+class StoreDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy on CPUs as on GPUs, saving to and resuming from the store.
 
     `files` is this rank's checkpoint engine (what DeepSpeed saves is kept there for the store;
     what it loads is served from there); `placeholders` is a folder in the worker's scratch for

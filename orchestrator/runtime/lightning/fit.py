@@ -1,5 +1,6 @@
-"""The Lightning path: an unmodified LightningModule and LightningDataModule, trained with DDP
-through Ray's Lightning strategy, environment and trainer preparation.
+"""The Lightning path: an unmodified LightningModule and LightningDataModule, trained by Lightning's
+own strategies (DDP, our FSDP2, DeepSpeed) in a rank child of its node's agent, with the cluster
+environment read from the torchrun variables the agent gives it (TorchElasticEnvironment).
 
 What we add to a plain `Trainer.fit`:
 - the training DataLoader is rebuilt over the epoch's global order (orchestrator/data/order.py):
@@ -28,7 +29,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback
-from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+from lightning.pytorch.plugins.environments import TorchElasticEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from orchestrator.checkpoint import Serialized
@@ -39,6 +41,7 @@ from orchestrator.data.seeded import global_order_loader
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
+from orchestrator.runtime.identity import rank_device
 from orchestrator.runtime.lightning.datamodule import build_datamodule
 from orchestrator.runtime.lightning.fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.runtime.lightning.loggers import build_loggers, continue_logger_runs
@@ -278,35 +281,34 @@ def _train(session: WorkerSession, scratch: str) -> None:
     _use_global_order_train_loader(datamodule, session, position, order)
 
     callback = OrchestratorCallback(session, pending_rng, order)
+    device = rank_device()
     if spec.strategy == "fsdp":
-        import ray.train.torch
-
-        strategy = ShardedLightningStrategy(session.world_size, ray.train.torch.get_device(),
-                                            load_parts=_reshard_loader(session, restored))
+        strategy = ShardedLightningStrategy(session.world_size, device, load_parts=_reshard_loader(session, restored))
     elif deepspeed:
         strategy = _deepspeed_strategy(session, restored, restored_state, scratch)
         callback.checkpoint_files, callback.at_step_boundary = strategy.checkpoint_files, strategy.at_step_boundary
         restored_state = None  # DeepSpeed reads it through its checkpoint engine, not CheckpointIO
     else:
-        strategy = RayDDPStrategy()
+        strategy = DDPStrategy()
     checkpoint_io = StoreCheckpointIO(callback.commit_checkpoint, restored_state)
     ckpt_path = f"{STORE_PATH_PREFIX}{restored.info.name}" if restored is not None else None
     loggers = build_loggers(spec.logger, session.run_dir.lightning_logs)
     # Quiet by default (the driver prints progress); a user's own value wins.
     trainer_args = {"logger": loggers or False, "enable_progress_bar": False, "enable_model_summary": False,
                     **spec.trainer}
+    # One rank a process, on the device its agent was given; the ranks, the world and the process
+    # group (made by rank_main.py) come from torchrun's variables, as under torchrun.
     trainer = pl.Trainer(
         **trainer_args,
-        devices="auto",
-        accelerator="gpu" if session.spec.scaling.use_gpu else "cpu",
+        devices=[device.index] if device.type == "cuda" else 1,
+        num_nodes=session.world_size,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
         strategy=strategy,
-        plugins=[RayLightningEnvironment(), checkpoint_io],
+        plugins=[TorchElasticEnvironment(), checkpoint_io],
         callbacks=[callback, *(ref.build() for ref in spec.callbacks)],
         enable_checkpointing=False,
         default_root_dir=scratch,
     )
-    if spec.strategy != "fsdp":
-        trainer = prepare_trainer(trainer)  # Ray's check of its own strategies
     if session.rank == 0:
         continue_logger_runs(loggers, restored.info.step if restored is not None else None,
                              session.run_dir.lightning_logs)

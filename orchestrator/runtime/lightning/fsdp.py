@@ -10,7 +10,8 @@ shard themselves in `configure_model`. This strategy is the latter with the rest
   each submodule that owns parameters, tied ones together, then the module itself as the root),
   over one data-parallel mesh of the worker group. Each step (training_step, validation_step,
   ...) then runs inside the module's own forward call, where FSDP's root hooks are;
-- the devices, ranks and process group come from Ray Train, as in Ray's Lightning strategies;
+- the device is the one the rank's agent was given, and the ranks and process group are the
+  rank child's (runtime/rank_main.py, from torchrun's variables);
 - a checkpoint is sharded: every rank hands the store its own part of the model and optimizer
   states, as plain tensors (`sharding.local_state`), through the CheckpointIO plugin; nothing is
   gathered on one rank. A resume loads each rank's part back, rebuilt from the old ranks' files
@@ -37,7 +38,7 @@ OPTIMIZERS_KEY = "optimizer_states"
 
 
 class ShardedLightningStrategy(ModelParallelStrategy):
-    """FSDP2 for a Lightning module trained by a Ray Train worker group (see the module's docstring).
+    """FSDP2 for a Lightning module trained by one rank a process (see the module's docstring).
 
     `load_parts(objects)`: on a resume at another world size, this rank's parts for `objects`
     ({MODEL_KEY: model, "optimizer_<i>": optimizer}) rebuilt from the old ranks' files; None when
@@ -56,7 +57,7 @@ class ShardedLightningStrategy(ModelParallelStrategy):
 
     @property
     def num_processes(self) -> int:
-        return 1  # one worker process per Ray Train worker
+        return 1  # one rank a process, each its agent's child
 
     def setup_environment(self) -> None:
         # configure_model is where a module is sharded: Lightning calls it once the device mesh

@@ -1,8 +1,8 @@
-"""A node's agent: the Ray Train worker that runs the node's ranks (a script's K, a ctx job's one).
+"""A node's agent: the Ray Train worker that runs the node's ranks (a script's K; else one).
 
-torchelastic's model: agents survive, workers restart. Each Ray Train worker of a script or ctx
-run is one node's agent (a ctx rank runs the worker session itself: ctx_ranks.py). It starts
-its ranks as child processes (children.py), with torchrun's environment, and watches them:
+torchelastic's model: agents survive, workers restart. Every Ray Train worker is one node's agent
+(a ctx or Lightning rank runs the worker session itself: session_ranks.py). It starts its ranks
+as child processes (children.py), with torchrun's environment, and watches them:
 - a child that dies or fails is reported to the run monitor, which decides for every node
   (driver/rounds.py): restart every rank in place (the same Ray Train workers, no new placement),
   fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
@@ -62,9 +62,9 @@ from orchestrator.runtime.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, W
 from orchestrator.runtime.scratch import make_scratch
 from orchestrator.runtime.script import sessions
 from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
-from orchestrator.runtime.script.ctx_ranks import Answers, CtxStart
 from orchestrator.runtime.script.outcome import failure_of, signal_name
 from orchestrator.runtime.script.rank_start import RankStart
+from orchestrator.runtime.script.session_ranks import Answers, SessionStart
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -97,9 +97,9 @@ def train_script(config: WorkerConfig) -> None:
 class Supervisor:
     def __init__(self, config: WorkerConfig):
         self.config, self.spec, self.monitor = config, config.spec, config.monitor
-        # A ctx job's ranks run the worker session in the child (ctx_ranks.py): one rank per agent.
+        # A ctx or Lightning rank runs the worker session in the child (session_ranks.py).
         self.sessions = self.spec.kind != "script"
-        self.k = 1 if self.sessions else self.spec.script.nproc_per_node
+        self.k = self.spec.ranks_per_worker
         context = ray.train.get_context()
         self.worker, self.workers = context.get_world_rank(), context.get_world_size()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -179,7 +179,7 @@ class Supervisor:
         self.placement = placement
         if self.sessions:
             self.answers.new_attempt(placement.attempt, latest_uri or self.config.resume_uri)
-            start = CtxStart(self.config, self.link.address, self.scratch, self.node_id)
+            start = SessionStart(self.config, self.link.address, self.scratch, self.node_id)
             env, echo = start.env(placement, in_place), None  # a ctx job's output stays in its logs
         else:
             start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
@@ -358,7 +358,7 @@ class Supervisor:
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
             if self.sessions:
                 # A session child beats itself once its session starts; until then, or while its
-                # own beat is overdue though it runs, the agent beats for it (ctx_ranks.py).
+                # own beat is overdue though it runs, the agent beats for it (session_ranks.py).
                 beat = (self.answers.vouched(child.rank, now) if self.answers.beats_itself(child.rank) else
                         self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
                 if beat is not None:

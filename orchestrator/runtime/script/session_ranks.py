@@ -1,9 +1,9 @@
-"""A ctx job's ranks under their node's agent: how they start, and how they reach the run monitor.
+"""A ctx or Lightning job's ranks under their node's agent: how they start, how they reach the run monitor.
 
-The agent (supervisor.py) runs a ctx job's ranks as it runs a torchrun script's: child processes
-with torchrun's environment, restarted in place. What differs is what runs in them and what the
-agent does for them:
-- a child runs runtime/rank_main.py (the worker session and the training loop), started through
+The agent (supervisor.py) runs these ranks as it runs a torchrun script's: child processes with
+torchrun's environment, restarted in place. What differs is what runs in them and what the agent
+does for them:
+- a child runs runtime/rank_main.py (the worker session, then the ctx loop or Lightning), started through
   the same bootstrap as a script, with a config file the agent writes for each attempt;
 - the child sends its own events and heartbeats (with its phases: checkpoint, validation...)
   through the agent (`Answers`, over agent_link.py); until its first heartbeat, the agent beats
@@ -49,8 +49,8 @@ STEP_TIME_EVERY_S = 2.0
 VOUCH_AFTER_S = 2.5
 
 
-class CtxStart:
-    """The command, directory and environment of a ctx job's rank children."""
+class SessionStart:
+    """The command, directory and environment of a ctx or Lightning job's rank children."""
 
     def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str):
         self.config, self.link, self.scratch, self.node_id = config, link, scratch, node_id

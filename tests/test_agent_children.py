@@ -1,10 +1,12 @@
-"""A ctx job's ranks are children of their node's agent (the Ray Train worker), restarted in place.
+"""A ctx or Lightning job's ranks are children of their node's agent (the Ray Train worker),
+restarted in place.
 
-One run meets three faults, one per attempt: rank 1 SIGKILLed, rank 0 SIGSTOPped (frozen), rank 1
-raising an infrastructure error. Each is met by a restart of every rank in place: the same agents
-(each rank's parent pid is unchanged), TORCHELASTIC_RESTART_COUNT one higher as the rank sees it,
-and the weights bit-equal to the clean run's. Killing an agent itself costs Ray Train's group
-restart, and still ends with the clean weights.
+One run of each meets three faults, one per attempt: rank 1 SIGKILLed, rank 0 SIGSTOPped
+(frozen), rank 1 raising an infrastructure error. Each is met by a restart of every rank in place:
+the same agents (each rank's parent pid is unchanged), TORCHELASTIC_RESTART_COUNT one higher as
+the rank sees it, every rank's stacks in its log after the hang, and the weights bit-equal to the
+clean run's. Killing an agent itself costs Ray Train's group restart, and still ends with the
+clean weights.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 
 import pytest
 from cli_runs import BackgroundRun, run_spec
-from specs import torch_spec
+from specs import lightning_spec, torch_spec
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +30,20 @@ def _starts(path) -> list[dict]:
 
 
 @pytest.mark.usefixtures("warm_cluster")
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", ["torch", "lightning"])
 def test_a_killed_a_frozen_and_a_failing_rank_are_each_restarted_in_place_under_the_same_agents(
-        tmp_path, clean_torch):
+        tmp_path, path, request):
+    clean = request.getfixturevalue(f"clean_{path}")
     starts = tmp_path / "starts.jsonl"
     faults = [{"at": 15, "rank": 1, "how": "kill"}, {"at": 35, "rank": 0, "how": "stop"},
               {"at": 55, "rank": 1, "how": "raise"}]
     for index, fault in enumerate(faults):
         fault["marker"] = str(tmp_path / f"fault-{index}")
-    spec = torch_spec("in-place", tmp_path, "faulty:torch_loop_three_faults", faults=faults, starts=str(starts))
+    if path == "torch":
+        spec = torch_spec("in-place", tmp_path, "faulty:torch_loop_three_faults", faults=faults, starts=str(starts))
+    else:
+        spec = lightning_spec("in-place", tmp_path, "faulty.ThreeFaultsClassifier", faults=faults, starts=str(starts))
     spec["failure"].update(max_failures=3, hang_timeout_s=HANG_TIMEOUT_S)
     result = run_spec(spec, str(tmp_path))
 
@@ -57,8 +64,8 @@ def test_a_killed_a_frozen_and_a_failing_rank_are_each_restarted_in_place_under_
         assert [s["restart_count"] for s in mine] == [0, 1, 2, 3]
         assert [s["attempt"] for s in mine] == [1, 2, 3, 4]
         assert len({s["ppid"] for s in mine}) == 1 and len({s["pid"] for s in mine}) == 4
-    assert result.global_step == clean_torch.global_step
-    assert result.weights_sha256 == clean_torch.weights_sha256
+    assert result.global_step == clean.global_step
+    assert result.weights_sha256 == clean.weights_sha256
 
 
 @pytest.mark.usefixtures("warm_cluster")
