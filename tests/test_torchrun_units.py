@@ -197,6 +197,16 @@ def test_an_error_a_restart_in_place_brings_back_at_the_same_step_is_the_datas_a
     assert "same step (42)" in verdict.failure["note"]
 
 
+def test_a_run_another_driver_took_over_is_not_restarted_in_place():
+    # A rank's commit found the lease another driver's: no restart would be this driver's to make.
+    rounds = _rounds()
+    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"},
+                  1.0)
+    rounds.report(1, 1, {"rank": 1, "kind": "taken_over", "decisive": True, "error": "LeaseLost: generation 2"}, 1.1)
+    verdict = rounds.verdict(1, 1.1)
+    assert verdict.action == FAIL and verdict.failure["kind"] == "taken_over" and rounds.restarts == 0
+
+
 def test_an_attempt_finishes_when_every_node_reports_its_ranks_exited_0():
     rounds = _rounds(workers=2)
     rounds.report(1, 0, None, 1.0)

@@ -44,7 +44,7 @@ PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 # Seconds the driver waits for ended workers to be torn down after a stop's grace period.
 ABORT_WAIT_S = 15.0
 # Seconds a CLI run on its own embedded cluster still waits for trainer.fit() after rank 0
-# reported the end: a failure reported right after it (a worker dying at exit) still counts.
+# reported the end and every agent cleaned up: a failure reported right after it still counts.
 FINISHED_GRACE_S = 0.5
 
 
@@ -232,7 +232,7 @@ class _Attempt:
 
     def _finished(self) -> bool:
         try:
-            return bool(ray.get(self.monitor.finished.remote(), timeout=5))
+            return bool(ray.get(self.monitor.ended.remote(), timeout=5))
         except Exception:  # noqa: BLE001 - then wait for fit() as usual
             return False
 

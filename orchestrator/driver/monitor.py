@@ -80,7 +80,7 @@ def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None =
 @ray.remote(num_cpus=0)
 class RunMonitor:
     def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
-                 max_restarts: int | None = None) -> None:
+                 max_restarts: int = -1) -> None:
         self._events: list[Event] = []
         self._latest_checkpoint: CheckpointCommitted | None = None
         # The attempt running now (protocol.py): the watchdog judges its beats alone.
@@ -97,6 +97,8 @@ class RunMonitor:
         # (rounds.py), each restart a new attempt in the same worker group.
         self._rounds = InPlaceRounds(max_restarts)
         self._ranks = 0
+        # The agents of the current group that ended and removed what they kept on their node.
+        self._agents_done: set[int] = set()
         self._output = OutputBuffer()
 
     def push(self, event: Event | Output) -> None:
@@ -120,12 +122,22 @@ class RunMonitor:
         ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
         return any(isinstance(e, Finished) and e.stopped == stopped for e in self._events)
 
+    def agent_done(self, worker: int) -> None:
+        """Agent `worker` of the current group ended: its ranks, their helpers and its scratch are gone."""
+        self._agents_done.add(worker)
+
+    def ended(self) -> bool:
+        """Whether the run ran to its end and every agent of the group cleaned up after it (a
+        driver that leaves then, before Ray Train's teardown, leaves nothing behind)."""
+        return self.finished() and len(self._agents_done) >= self._rounds.workers
+
     def begin_group(self, world_size: int, workers: int = 1) -> AttemptBegun:
         """Agent 0 of a new worker group (`workers` agents, running `world_size` ranks): the
         attempt it starts, and the newest checkpoint of this run."""
         latest = self._latest_checkpoint
         self._attempt = self._rounds.new_group(workers)
         self._ranks = world_size
+        self._agents_done = set()
         self._watchdog.new_attempt(self._attempt, world_size, time.time())
         return AttemptBegun(self._attempt, latest.uri if latest else None)
 

@@ -86,9 +86,12 @@ class InPlaceRounds:
         if decided is not None or attempt != self.attempt:
             return decided or Verdict(FAIL, reason="this worker group was replaced")
         if self.failures:
-            users = [f for f in self.failures if f.get("kind") == "user"]
-            if users:
-                return self._decide(Verdict(FAIL, failure=min(users, key=lambda f: f["rank"])))
+            # Not restarted: another driver holds the run now (a rank's commit found the lease
+            # gone), or a rank's own code failed.
+            final = [f for f in self.failures if f.get("kind") == "taken_over"] or [
+                f for f in self.failures if f.get("kind") == "user"]
+            if final:
+                return self._decide(Verdict(FAIL, failure=min(final, key=lambda f: f["rank"])))
             if not self.decisive and now - self.first_failure < SETTLE_S:
                 return Verdict(WAIT)
             cause = min(self.failures, key=cause_order)

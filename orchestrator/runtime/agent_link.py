@@ -1,8 +1,8 @@
 """How a rank child of a node's agent reaches the run monitor: through its agent, over a socket.
 
 A rank child (runtime/rank_main.py) has no Ray in it, so it cannot call the monitor's actor. Its
-`AgentLink` has the methods of monitor_client.MonitorClient and sends each call to the agent
-(runtime/script/supervisor.py) over a Unix socket in the agent's scratch folder; the agent's
+`AgentLink` has a client's methods (send an event, send one and wait, begin an attempt, beat) and
+sends each call to the agent (runtime/script/supervisor.py) over a Unix socket; the agent's
 `LinkServer` makes the actor call and sends back the answer. Every call is answered, in the order
 made, so one rank's events reach the monitor in the order it sent them.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply, Event
 
-# Seconds a call that waits for the monitor may take (monitor_client.CALL_TIMEOUT_S), and one
+# Seconds a call that waits for the monitor may take, and one
 # that the agent answers at once.
 CALL_TIMEOUT_S = 60.0
 QUICK_S = 10.0
@@ -38,7 +39,7 @@ class LinkAddress:
 
 
 class AgentLink:
-    """The monitor's client in a rank child: monitor_client.MonitorClient's methods, through the agent."""
+    """The run monitor's client in a rank child, through its agent."""
 
     def __init__(self, address: LinkAddress):
         self._conn = Client(address.path, family="AF_UNIX", authkey=address.authkey)
@@ -82,7 +83,11 @@ class LinkServer:
     """The agent's end: one thread per child connection, each call answered by `handle(op, payload)`."""
 
     def __init__(self, folder: str, handle: Callable[[str, Any], Any]):
-        self.address = LinkAddress(os.path.join(folder, "agent.sock"), os.urandom(32))
+        # Linux's abstract namespace: no file, so no limit from a deep TMPDIR (a socket's path
+        # has at most 107 bytes); the key keeps other processes out.
+        name = f"orchestrator-agent-{os.getpid()}-{os.urandom(6).hex()}"
+        path = "\0" + name if sys.platform.startswith("linux") else os.path.join(folder, "agent.sock")
+        self.address = LinkAddress(path, os.urandom(32))
         self._listener = Listener(self.address.path, family="AF_UNIX", authkey=self.address.authkey)
         self._handle = handle
         self._closed = False

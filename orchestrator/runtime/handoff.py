@@ -10,6 +10,8 @@ from orchestrator.spec import JobSpec
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from orchestrator.runtime.agent_link import LinkAddress
+
 # The key of the record in Ray Train's train_loop_config (which must be a dict).
 CONFIG_KEY = "orchestrator"
 
@@ -44,7 +46,8 @@ class WorkerConfig:
     # The driver's resume choice (None: a fresh run); a restarted group resumes from newer ones.
     resume_uri: str | None
     # The RunMonitor actor (driver/monitor.py): events, heartbeats, resume points across restarts.
-    monitor: ActorHandle
+    # In a rank child's copy, where its agent listens for it (agent_link.py): it has no Ray.
+    monitor: ActorHandle | LinkAddress
     # Where each rank's log goes (local and shared filesystems only).
     log_dir: str | None
     # None: the run's storage has no lease (a test's store).

@@ -11,9 +11,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -22,8 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from orchestrator import storage
 from orchestrator.failures import is_user_file
 from orchestrator.runtime.script import sessions
+
+log = logging.getLogger("orchestrator.worker")
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 SESSIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sessions.py")
@@ -314,3 +319,22 @@ def _own_frame(lines: list[str]) -> str:
         if match and is_user_file(match["file"]) and os.path.abspath(match["file"]) != BOOTSTRAP:
             return f"{os.path.basename(match['file'])}:{match['line']} in {match['func']}"
     return ""
+
+
+def copy_logs(log_dir: str, target) -> None:
+    """Every rank log in `log_dir` to `target` (a storage Location: <run>/logs/ on an object store), whole."""
+    if not os.path.isdir(log_dir):
+        return
+    for name in sorted(os.listdir(log_dir)):
+        try:
+            with open(os.path.join(log_dir, name), "rb") as f:
+                storage.write_atomic(target.join(name), f.read())
+        except OSError as exc:  # a log lost costs the log, never the run's outcome
+            log.warning("could not copy %s to %s: %s", name, target.uri, exc)
+
+
+def free_port() -> int:
+    """A TCP port free on this node now: the next attempt's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

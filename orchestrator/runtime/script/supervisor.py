@@ -37,8 +37,7 @@ from typing import Any
 import ray
 import ray.train
 
-from orchestrator import storage
-from orchestrator.failures import INFRASTRUCTURE, USER, FailureRecord, WorkerFailure
+from orchestrator.failures import INFRASTRUCTURE, TAKEN_OVER, USER, FailureRecord, WorkerFailure
 from orchestrator.protocol import (
     FINISH,
     RESTART,
@@ -61,7 +60,7 @@ from orchestrator.runtime.handoff import ScriptContext, WorkerConfig
 from orchestrator.runtime.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, WORKING
 from orchestrator.runtime.scratch import make_scratch
 from orchestrator.runtime.script import sessions
-from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
+from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper, copy_logs, free_port
 from orchestrator.runtime.script.outcome import failure_of, signal_name
 from orchestrator.runtime.script.rank_start import RankStart
 from orchestrator.runtime.script.session_ranks import Answers, SessionStart
@@ -165,6 +164,7 @@ class Supervisor:
             if self.link is not None:
                 self.link.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
+            self._done()
 
     def _begin(self, k: int) -> dict[str, Any]:
         begun = ray.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
@@ -172,7 +172,7 @@ class Supervisor:
 
     def _attempt_state(self) -> dict[str, Any]:
         state = ray.get(self.monitor.script_state.remote(), timeout=60)
-        return {**state, "port": _free_port()}
+        return {**state, "port": free_port()}
 
     def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
         self.attempt = placement.attempt
@@ -289,21 +289,20 @@ class Supervisor:
             attempt=self.placement.attempt, stopped=stopped, step=progress.steps,
             step_time_s=progress.step_time_s or None)), timeout=60)
 
+    def _done(self) -> None:
+        try:  # waited for: a driver that sees every agent done may end the cluster at once
+            ray.get(self.monitor.agent_done.remote(self.worker), timeout=10)
+        except Exception:  # noqa: BLE001 - then the driver waits for Ray Train's end of the workers
+            pass
+
     def _end_orphans(self) -> None:
         keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
         sessions.end_adopted(keep | {self.sweeper.process.pid})
 
     def _copy_logs(self) -> None:
         """On an object store, every rank's log of this node to <run>/logs/ (whole, each time)."""
-        if self.config.log_dir is not None or not os.path.isdir(self.log_dir):
-            return
-        target = self.run_dir.location.join("logs")
-        for name in sorted(os.listdir(self.log_dir)):
-            try:
-                with open(os.path.join(self.log_dir, name), "rb") as f:
-                    storage.write_atomic(target.join(name), f.read())
-            except OSError as exc:  # a log lost costs the log, never the run's outcome
-                log.warning("could not copy %s to %s: %s", name, target.uri, exc)
+        if self.config.log_dir is None:
+            copy_logs(self.log_dir, self.run_dir.location.join("logs"))
 
     def _fail(self, verdict: Verdict) -> None:
         failure = verdict.failure or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.reason}
@@ -311,7 +310,7 @@ class Supervisor:
             return  # the node of the failed rank reports it; this one only ends its ranks
         if failure.get("kind") == "hang" and self.worker != 0:
             return
-        kind = USER if failure.get("kind") == USER else INFRASTRUCTURE
+        kind = failure["kind"] if failure.get("kind") in (USER, TAKEN_OVER) else INFRASTRUCTURE
         lines = (failure.get("last_lines") or []) if kind != USER else []
         note = failure.get("note") or (f"its last lines: {' | '.join(lines)}" if lines else "")
         known = ("rank", "error", "where", "node_id", "pid", "hostname", "signature", "fault", "step", "repeated")
@@ -413,8 +412,3 @@ class Supervisor:
         if lines:
             self.monitor.push.remote(Output(rank=0, lines=lines))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
