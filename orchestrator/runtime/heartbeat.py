@@ -127,8 +127,7 @@ class Heartbeat:
         return "at " + ", in ".join(dict.fromkeys(parts))
 
     def _end_process(self, reason: str) -> None:
-        log.error("the worker group is hung: %s. Ending this worker (rank %d) so that the group restarts from "
-                  "the newest checkpoint.", reason, self.rank)
+        log.error("ending rank %d now: %s (the newest committed checkpoint is kept)", self.rank, reason)
         self._flush_logs()
         os._exit(HANG_EXIT_CODE)
 
