@@ -53,7 +53,7 @@ class RankStart:
         return path
 
     def env(self, placement: Placement) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
+        env = without_ray(os.environ)
         shell = self.context.env
         env.update(shell)
         env.update(self.spec.env)
@@ -67,3 +67,9 @@ class RankStart:
         # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+
+def without_ray(environ) -> dict[str, str]:
+    """The agent's environment for a rank: no Ray variable (the cluster's address, its auth
+    token), and none of Ray Train's process-group variables (the rank gets torchrun's)."""
+    return {k: v for k, v in environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}

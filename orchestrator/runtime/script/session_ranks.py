@@ -35,8 +35,8 @@ from orchestrator.runtime.handoff import WorkerConfig
 from orchestrator.runtime.heartbeat import STARTING, TRAINING
 from orchestrator.runtime.identity import DEVICE_VAR, NODE_ID_VAR
 from orchestrator.runtime.rank_main import CONFIG_VAR, RankConfig, write_config
-from orchestrator.runtime.script.children import RAY_TRAIN_VARS, Placement
-from orchestrator.runtime.script.rank_start import RAY_VARS_PREFIX
+from orchestrator.runtime.script.children import Placement
+from orchestrator.runtime.script.rank_start import without_ray
 
 # Seconds the monitor's answer to a passed-on heartbeat may take (heartbeat.REPLY_TIMEOUT_S).
 BEAT_REPLY_S = 10.0
@@ -65,8 +65,7 @@ class SessionStart:
 
     def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
         spec = self.config.spec
-        env = {k: v for k, v in os.environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
-        env.update(spec.env)
+        env = {**without_ray(os.environ), **spec.env}
         if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in spec.env:
             env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]  # Ray Train's rule for its workers, kept
         path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
@@ -93,9 +92,7 @@ class Answers:
         self.monitor, self.run = monitor, run
         self.attempt = 0
         self.latest_uri: str | None = None
-        self.stop_requested = False
         self._lock = threading.Lock()
-        self._beating: set[int] = set()
         self._step_time: dict[int, WorkerMetrics] = {}
         # Per rank: its newest beat and when it arrived (time.monotonic()).
         self._last: dict[int, tuple[Beat, float]] = {}
@@ -103,12 +100,11 @@ class Answers:
     def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
         with self._lock:
             self.attempt, self.latest_uri = attempt, latest_uri
-            self._beating.clear()
             self._step_time.clear()
             self._last.clear()
 
     def beats_itself(self, rank: int) -> bool:
-        return rank in self._beating
+        return rank in self._last
 
     def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
         """The agent's beat for a child that has not beaten yet (imports, the process group)."""
@@ -144,11 +140,8 @@ class Answers:
 
     def _beat(self, attempt: int, beat: Beat) -> BeatReply:
         with self._lock:
-            self._beating.add(beat.rank)
             self._last[beat.rank] = (beat, time.monotonic())
             if beat.phase == TRAINING and attempt == self.attempt:
                 gauge = self._step_time.setdefault(beat.rank, WorkerMetrics(self.run, beat.rank, STEP_TIME_EVERY_S))
                 gauge.stepped(beat.step)
-        reply = ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)
-        self.stop_requested = self.stop_requested or reply.stop
-        return reply
+        return ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)
