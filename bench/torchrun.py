@@ -26,6 +26,12 @@ time.time() of the fault. Every figure is read off those files, the same way for
      plain torchrun figure, goal <= 1.5.
   e. the same run with rank 1's agent (the Ray Train worker, the rank's parent) SIGKILLed instead:
      Ray Train restarts the whole worker group. Ratio c ÷ e, goal <= 0.35.
+  l. the same fault on the Lightning path: bench/torchrun_lightning_job.py (the same MLP, data,
+     batch and sleep as a LightningModule, Lightning's DDPStrategy in each rank) through a
+     `lightning:` spec, against plain torchrun running the same module as a Lightning script
+     (ModelCheckpoint every 5 steps, ckpt_path="last"): both pay Lightning's imports on a restart.
+     Ratio orchestrator ÷ torchrun, goal <= 1.5.
+  m. l with rank 1's agent SIGKILLed: Ray Train's group restart. Ratio l ÷ m, goal <= 0.35.
   d. a SIGSTOPped rank (--fault stop, same place): orchestrator torchrun with
      failure.hang_timeout_s 10 detects the silent rank, dumps the stacks and restarts the ranks in
      place: seconds from the stop to the first step after the restart. Plain torchrun has no hang
@@ -76,8 +82,13 @@ sys.path.insert(0, REPO)
 from bench.jsonl import read_jsonl  # noqa: E402 - after the path is set
 
 SEED = os.path.join(REPO, "tests", "torchrun_seed.py")
+LIGHTNING_SCRIPT = os.path.join(REPO, "bench", "torchrun_lightning_job.py")
 PARTS = {"a": "steps/s", "b": "SIGKILL, in place", "c": "SIGKILL, ctx path", "d": "SIGSTOP",
-         "e": "SIGKILLed agent, ctx path"}
+         "e": "SIGKILLed agent, ctx path", "l": "SIGKILL, Lightning path", "m": "SIGKILLed agent, Lightning path"}
+# The parts run through `orchestrator run SPEC` alone: part -> (runtime, fault, what).
+RUN_PARTS = {"c": ("torch", "kill", "ctx path (in place)"),
+             "e": ("torch", "kill_agent", "ctx path, agent killed (group restart)"),
+             "m": ("lightning", "kill_agent", "Lightning path, agent killed (group restart)")}
 SIDES = ("torchrun", "orchestrator")
 
 # a: heavy enough that a step takes tens of ms on a CPU core (45 ms here), 256 steps a rank.
@@ -319,13 +330,13 @@ class Setup:
         return path
 
     def command(self, side: str, folder: str, script_args: list[str],
-                sets: tuple[str, ...] = ()) -> tuple[list[str], str]:
+                sets: tuple[str, ...] = (), script: str = SEED) -> tuple[list[str], str]:
         """The argv of one side and the script's work dir."""
         if side == "torchrun":
             work = os.path.join(folder, "work")
             return ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
                      str(self.nproc), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{_free_port()}",
-                     "--max_restarts", "1", SEED, "--work_dir", work, *script_args], work)
+                     "--max_restarts", "1", script, "--work_dir", work, *script_args], work)
         argv = [sys.executable, "-m", "orchestrator", "torchrun", "--nproc_per_node", str(self.nproc),
                 "--max_restarts", "1", "--storage", folder, "--name", "run"]
         for item in sets:
@@ -444,16 +455,41 @@ def part_kill(setup: Setup, side: str, label: str) -> dict:
     return got
 
 
-def part_ctx(setup: Setup, label: str, fault: str = "kill") -> dict:
+def part_lightning(setup: Setup, side: str, label: str) -> dict:
+    """A SIGKILLed rank of the Lightning job: plain torchrun running it as a script, or its spec."""
+    if side == "orchestrator":
+        return part_ctx(setup, label, "kill", "lightning")
+    folder = setup.folder(label)
+    argv, work = setup.command(side, folder, _fault_args(setup, "kill"), script=LIGHTNING_SCRIPT)
+    command = setup.start(side, argv, folder)
+    got: dict = {}
+    try:
+        got = _failed(command, command.wait(setup.args.timeout), "plain torchrun, Lightning script, a SIGKILLed rank")
+        got = _merge(got, _restart(_events(work), _marker(work, "kill"), "attempt", 1, command))
+    finally:
+        got.update(setup.finish(command))
+    return got
+
+
+def part_ctx(setup: Setup, label: str, fault: str = "kill", runtime: str = "torch") -> dict:
+    """The fault on the ctx path (runtime torch) or the Lightning path, through `orchestrator run`."""
     folder = setup.folder(label)
     work = os.path.join(folder, "work")
     w = FAULT_WORKLOAD
-    spec = {"name": "ctx", "storage": folder, "resume_from": "none",
-            "torch": {"train_loop": "bench.torchrun_ctx_job:train_loop", "max_epochs": w["epochs"],
-                      "config": {"work_dir": work, "width": w["width"], "samples": w["samples"],
-                                 "batch_size": w["batch_size"], "step_sleep": w["step_sleep"], "fault": fault,
-                                 "fault_rank": setup.nproc - 1, "fault_epoch": FAULT_AT["epoch"],
-                                 "fault_step": FAULT_AT["step"]}},
+    faults = {"fault": fault, "fault_rank": setup.nproc - 1, "fault_epoch": FAULT_AT["epoch"],
+              "fault_step": FAULT_AT["step"]}
+    if runtime == "torch":
+        section = {"torch": {"train_loop": "bench.torchrun_ctx_job:train_loop", "max_epochs": w["epochs"],
+                             "config": {"work_dir": work, "width": w["width"], "samples": w["samples"],
+                                        "batch_size": w["batch_size"], "step_sleep": w["step_sleep"], **faults}}}
+    else:
+        section = {"lightning": {
+            "model": {"class_path": "bench.torchrun_lightning_job.FaultyMLP",
+                      "init_args": {"work_dir": work, "width": w["width"], "step_sleep": w["step_sleep"], **faults}},
+            "data": {"class_path": "bench.torchrun_lightning_job.MLPData",
+                     "init_args": {"samples": w["samples"], "batch_size": w["batch_size"]}},
+            "trainer": {"max_epochs": w["epochs"]}}}
+    spec = {"name": "ctx", "storage": folder, "resume_from": "none", **section,
             "scaling": {"num_workers": setup.nproc},
             "checkpoint": {"every_n_steps": CTX_CHECKPOINT_EVERY},
             "failure": {"max_failures": 1}}
@@ -463,7 +499,7 @@ def part_ctx(setup: Setup, label: str, fault: str = "kill") -> dict:
     command = setup.start("orchestrator", [sys.executable, "-m", "orchestrator", "run", spec_path], folder)
     got: dict = {}
     try:
-        got = _failed(command, command.wait(setup.args.timeout), f"ctx path, fault {fault}")
+        got = _failed(command, command.wait(setup.args.timeout), f"{runtime} path, fault {fault}")
         events = _events(work)
         first_attempt = min((e["attempt"] for e in events), default=0)
         got = _merge(got, _restart(events, _marker(work, "kill"), "attempt", first_attempt))
@@ -552,7 +588,7 @@ def _line(part: str, side: str, got: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--skip", default="", help="parts to skip, comma-separated letters: a,b,c,d,e")
+    parser.add_argument("--skip", default="", help="parts to skip, comma-separated letters: " + ",".join(PARTS))
     parser.add_argument("--keep", metavar="DIR", help="keep every measurement's folder (logs, events) under DIR")
     parser.add_argument("--stop-wait", type=float, default=90.0,
                         help="seconds plain torchrun is given after the SIGSTOP to take a step (part d)")
@@ -574,7 +610,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("--gpu: torch sees no CUDA device; nothing measured")
             return 1
-        skip |= {"c", "d", "e"}
+        skip |= {"c", "d", "e", "l", "m"}
     parts = [p for p in PARTS if p not in skip]
 
     root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="torchrun-bench-")
@@ -587,11 +623,10 @@ def main() -> int:
         for index in range(args.rounds):
             order = SIDES if index % 2 == 0 else SIDES[::-1]
             for part in parts:
-                if part in ("c", "e"):
-                    fault, what = ("kill", "ctx path (in place)") if part == "c" else ("kill_agent", "ctx path, "
-                                                                                       "agent killed (group restart)")
+                if part in RUN_PARTS:
+                    runtime, fault, what = RUN_PARTS[part]
                     _say(f"round {index + 1}, part {part}: {what}, orchestrator run")
-                    got = part_ctx(setup, f"r{index + 1}-{part}-ctx", fault)
+                    got = part_ctx(setup, f"r{index + 1}-{part}-{runtime}", fault, runtime)
                     results[(part, "orchestrator")].append(got)
                     failed |= "error" in got
                     print(f"round {index + 1}: " + _line(part, what, got), flush=True)
@@ -599,7 +634,7 @@ def main() -> int:
                 got_round = {}
                 for side in order:
                     _say(f"round {index + 1}, part {part}: {side}")
-                    measure = {"a": part_rate, "b": part_kill, "d": part_stop}[part]
+                    measure = {"a": part_rate, "b": part_kill, "d": part_stop, "l": part_lightning}[part]
                     got = measure(setup, side, f"r{index + 1}-{part}-{side}")
                     got_round[side] = got
                     results[(part, side)].append(got)
@@ -608,8 +643,8 @@ def main() -> int:
                 ours, theirs = got_round["orchestrator"], got_round["torchrun"]
                 if part == "a" and "steps_per_s" in ours and "steps_per_s" in theirs:
                     ratios["a"].append(ours["steps_per_s"] / theirs["steps_per_s"])
-                if part == "b" and "restart_s" in ours and "restart_s" in theirs:
-                    ratios["b"].append(ours["restart_s"] / theirs["restart_s"])
+                if part in ("b", "l") and "restart_s" in ours and "restart_s" in theirs:
+                    ratios[part].append(ours["restart_s"] / theirs["restart_s"])
                 if part in ratios and len(ratios[part]) == index + 1:
                     print(f"round {index + 1}: part {part} ratio orchestrator / torchrun {ratios[part][-1]:.3f}",
                           flush=True)
@@ -639,6 +674,16 @@ def main() -> int:
         ratio = _fmt(ctx / group if group and ctx is not None else None, digits=3)
         rows.append(("e", "ctx path, the agent SIGKILLed: Ray Train's group restart", _fmt(group, " s", 2), "-",
                      f"in place (c) ÷ group restart: {ratio}", "<= 0.35"))
+    if "l" in parts:
+        rows.append(("l", "Lightning job, SIGKILLed rank -> first step after the restart (`orchestrator run` "
+                     "against plain torchrun of the same Lightning script)", _fmt(med("l", "orchestrator", "restart_s"),
+                     " s", 2), _fmt(med("l", "torchrun", "restart_s"), " s", 2), _fmt(_median(ratios["l"]), digits=3),
+                     "<= 1.5"))
+    if "m" in parts:
+        group, lit = med("m", "orchestrator", "restart_s"), med("l", "orchestrator", "restart_s")
+        ratio = _fmt(lit / group if group and lit is not None else None, digits=3)
+        rows.append(("m", "Lightning path, the agent SIGKILLed: Ray Train's group restart", _fmt(group, " s", 2), "-",
+                     f"in place (l) ÷ group restart: {ratio}", "<= 0.35"))
     if "d" in parts:
         stops = results.get(("d", "torchrun"), [])
         if stops and not any(r.get("recovered") for r in stops):

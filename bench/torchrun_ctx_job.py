@@ -41,11 +41,16 @@ def build_dataset(samples: int) -> TensorDataset:
     return TensorDataset(torch.randn(samples, IN_FEATURES), torch.randint(0, CLASSES, (samples,)))
 
 
+def _attempt() -> int:
+    """Which start of the ranks this is, from 1: the orchestrator's word, or plain torchrun's restarts + 1."""
+    return int(os.environ.get("ORCHESTRATOR_ATTEMPT") or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + 1)
+
+
 def event(cfg: dict, rank: int, kind: str, **fields) -> None:
     if rank != 0:
         return
     line = {"kind": kind, "time": time.time(), "pid": os.getpid(),
-            "attempt": int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0")), **fields}
+            "attempt": _attempt(), **fields}
     # One open/append/close per line: a killed writer leaves no buffered lines behind.
     with open(os.path.join(cfg["work_dir"], "events.jsonl"), "a") as f:
         f.write(json.dumps(line) + "\n")
