@@ -6,7 +6,7 @@ One run of each meets three faults, one per attempt: rank 1 SIGKILLed, rank 0 SI
 the same agents (each rank's parent pid is unchanged), TORCHELASTIC_RESTART_COUNT one higher as
 the rank sees it, every rank's stacks in its log after the hang, and the weights bit-equal to the
 clean run's. Killing an agent itself costs Ray Train's group restart, and still ends with the
-clean weights.
+clean weights. One agent can run several ranks (scaling.nproc_per_node), as torchrun's agent does.
 """
 
 from __future__ import annotations
@@ -64,6 +64,35 @@ def test_a_killed_a_frozen_and_a_failing_rank_are_each_restarted_in_place_under_
         assert [s["restart_count"] for s in mine] == [0, 1, 2, 3]
         assert [s["attempt"] for s in mine] == [1, 2, 3, 4]
         assert len({s["ppid"] for s in mine}) == 1 and len({s["pid"] for s in mine}) == 4
+    assert result.global_step == clean.global_step
+    assert result.weights_sha256 == clean.weights_sha256
+
+
+@pytest.mark.usefixtures("warm_cluster")
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("path", ["torch", "lightning"])
+def test_one_agent_runs_a_nodes_ranks_and_restarts_them_in_place_with_the_weights_of_one_rank_a_worker(
+    tmp_path, path, request
+):
+    """scaling.nproc_per_node 2 on one worker: both ranks are children of one agent, a killed one
+    is restarted in place with its peer, and the weights are bit-equal to two workers of one rank."""
+    clean = request.getfixturevalue(f"clean_{path}")
+    starts = tmp_path / "starts.jsonl"
+    faults = [{"at": 15, "rank": 1, "how": "kill", "marker": str(tmp_path / "fault-0")}]
+    if path == "torch":
+        spec = torch_spec("per-node", tmp_path, "faulty:torch_loop_three_faults", faults=faults, starts=str(starts))
+    else:
+        spec = lightning_spec("per-node", tmp_path, "faulty.ThreeFaultsClassifier", faults=faults, starts=str(starts))
+    spec["scaling"] = {"num_workers": 1, "nproc_per_node": 2}
+    result = run_spec(spec, str(tmp_path))
+
+    assert os.path.exists(faults[0]["marker"]), "the fault was never injected"
+    assert result.status == "finished"
+    assert [(f["classification"], f["in_place"]) for f in result.failures] == [("infrastructure", True)]
+    seen = _starts(starts)
+    assert sorted((s["rank"], s["restart_count"]) for s in seen) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # One agent: every start of either rank has the same parent.
+    assert len({s["ppid"] for s in seen}) == 1
     assert result.global_step == clean.global_step
     assert result.weights_sha256 == clean.weights_sha256
 

@@ -84,6 +84,10 @@ BAD_SPECS = [
     ("global batch a fixed size cannot split",
      with_(with_(TORCH, "scaling.num_workers", 4), "scaling.global_batch_size", 10),
      ["scaling.global_batch_size", "10", "over 4 worker", "global_batch_size: 8"]),
+    ("global batch over a worker's ranks",
+     with_(with_(with_(TORCH, "scaling.num_workers", [1, 2]), "scaling.nproc_per_node", 3), "scaling.global_batch_size", 64),
+     ["scaling.global_batch_size", "64", "over 3, 6 rank(s)", "scaling.nproc_per_node 3"]),
+    ("ranks per node below one", with_(TORCH, "scaling.nproc_per_node", 0), ["scaling.nproc_per_node", "at least 1"]),
     ("accumulation cannot resize",
      with_(with_(LIGHTNING, "scaling.num_workers", [1, 3]), "lightning.trainer.accumulate_grad_batches", 2),
      ["lightning.trainer.accumulate_grad_batches", "cannot resize", "[1, 3]", "scaling.global_batch_size"]),
@@ -156,6 +160,17 @@ def test_an_elastic_range_and_a_global_batch_become_min_max_and_round_trip():
     assert again.scaling == spec.scaling
     fixed = validate(TORCH).scaling
     assert fixed.min_workers == fixed.num_workers == 2 and not fixed.elastic
+
+
+def test_ranks_per_node_make_a_world_of_workers_times_ranks_each_holding_its_resources():
+    spec = validate(with_(with_(TORCH, "scaling.num_workers", 2), "scaling.nproc_per_node", 4))
+    assert spec.ranks_per_worker == 4
+    # The worker (a node's agent) asks for its ranks' CPUs, and GPUs with use_gpu.
+    assert spec.scaling.resources_per_worker == {"CPU": 4.0}
+    gpus = validate(with_(with_(TORCH, "scaling.nproc_per_node", 2), "scaling.use_gpu", True))
+    assert gpus.scaling.resources_per_worker == {"CPU": 2.0, "GPU": 2.0}
+    assert validate(spec.to_dict()).scaling == spec.scaling
+    assert validate(TORCH).ranks_per_worker == 1 and validate(TORCH).scaling.resources_per_worker == {"CPU": 1.0}
 
 
 def test_set_overrides_any_field_and_parses_values_as_yaml(tmp_path):
@@ -277,3 +292,13 @@ def test_the_spec_wins_over_a_lightning_cli_config_and_its_mistakes_are_named(tm
         validate({"name": "t", "lightning": {"config": str(auto_optimizer)}})
     with pytest.raises(SpecError, match=r"lightning.config.*LightningCLI config .*missing.yaml' does not exist.*Fix"):
         validate({"name": "t", "lightning": {"config": str(tmp_path / "missing.yaml")}})
+
+
+def test_a_scripts_ranks_per_node_are_set_in_one_place():
+    import os
+
+    seed = os.path.join(os.path.dirname(__file__), "torchrun_seed.py")
+    raw = {"name": "s", "script": {"path": seed}, "scaling": {"num_workers": 1, "nproc_per_node": 2}}
+    with pytest.raises(SpecError) as got:
+        validate(raw)
+    assert "scaling.nproc_per_node" in str(got.value) and "script: {nproc_per_node: 2}" in str(got.value)

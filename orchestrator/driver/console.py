@@ -201,9 +201,11 @@ class RunWatcher:
             if before and size != before:
                 return f"resized: {before} -> {size} workers, {where}{_batch_note(self.job, size)}"
             prefix = "restarted: " if self._starts > 1 else ""
+            per_node = self.job.ranks_per_worker
             if self.job.script is not None:
-                nodes = size // self.job.script.nproc_per_node
-                return f"{prefix}{size} ranks up ({nodes} node(s) x {self.job.script.nproc_per_node})"
+                return f"{prefix}{size} ranks up ({size // per_node} node(s) x {per_node})"
+            if per_node > 1:
+                return f"{prefix}{size} ranks up ({size // per_node} node(s) x {per_node}), {where}"
             return f"{prefix}{size} workers up, {where}"
         if isinstance(event, Progress) and event.script:
             return f"step {event.step:>6}"

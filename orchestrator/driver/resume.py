@@ -174,12 +174,13 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
             "converting a checkpoint between these strategies' layouts is not supported. Fix: set "
             f"{field}: {written} to resume it, or start a new run (another name, or resume_from: none)."
         )
-    low, high = spec.scaling.min_workers, spec.scaling.num_workers
+    per_node = spec.ranks_per_worker
+    low, high = spec.scaling.min_workers * per_node, spec.scaling.num_workers * per_node
     if wanted == "deepspeed":
         _check_deepspeed(spec, choice)
     if not low <= manifest.world_size <= high:
         sizes = f"{high}" if low == high else f"from {low} to {high}"
-        log.info("checkpoint %s was written by %d workers and this run has %s: the data continues at its "
+        log.info("checkpoint %s was written by %d ranks and this run has %s: the data continues at its "
                  "global position%s; each rank's RNG stream starts afresh", choice.uri, manifest.world_size,
                  sizes, " and the sharded state is resharded" if manifest.sharded else "")
 
@@ -188,13 +189,15 @@ def _check_deepspeed(spec: JobSpec, choice: ResumeChoice) -> None:
     """DeepSpeed loads only its own file layout, at the world size that wrote it."""
     from orchestrator.spec.deepspeed import layout_problem
 
-    written_by = choice.manifest.world_size
-    if written_by != spec.scaling.num_workers:  # (a DeepSpeed run has one size: elastic is refused)
+    written_by, per_node = choice.manifest.world_size, spec.ranks_per_worker
+    ranks = spec.scaling.num_workers * per_node
+    if written_by != ranks:  # (a DeepSpeed run has one size: elastic is refused)
+        fix = (f"scaling.num_workers: {written_by}" if per_node == 1 else
+               f"scaling.num_workers x scaling.nproc_per_node = {written_by}")
         raise CheckpointError(
             f"checkpoint {choice.uri} was written by {written_by} DeepSpeed ranks and this run has "
-            f"{spec.scaling.num_workers}: DeepSpeed cannot repartition ZeRO optimizer states for another number of "
-            f"ranks. Fix: set scaling.num_workers: {written_by} to resume it, or start a new run (another name, or "
-            "resume_from: none).")
+            f"{ranks}: DeepSpeed cannot repartition ZeRO optimizer states for another number of "
+            f"ranks. Fix: set {fix} to resume it, or start a new run (another name, or resume_from: none).")
     problem = layout_problem(list(choice.manifest.files), spec.lightning.deepspeed,
                              spec.lightning.trainer.get("precision"))
     if problem:

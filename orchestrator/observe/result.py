@@ -85,7 +85,7 @@ class RunResult:
             name=job.name,
             status=_status(error, finished, stopped_by, events),
             run_dir=run_dir.uri,
-            world_size=last[0].world_size if last else job.scaling.num_workers,
+            world_size=last[0].world_size if last else job.scaling.num_workers * job.ranks_per_worker,
             global_step=int(source.step) if source else 0,
             epochs=int(source.epoch) if source else 0,
             metrics=dict(source.metrics) if source else {},

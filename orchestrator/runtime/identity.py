@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 
 NODE_ID_VAR = "ORCHESTRATOR_NODE_ID"
-# The torch device of a rank child of a node agent, as Ray Train gave it to the agent ("cpu", "cuda:1").
+# The torch devices Ray Train gave a node agent, comma-separated ("cpu", "cuda:0,cuda:1"): its rank
+# child LOCAL_RANK trains on the LOCAL_RANK-th.
 DEVICE_VAR = "ORCHESTRATOR_DEVICE"
 
 
@@ -41,8 +42,14 @@ def _ray_node() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
+def agent_devices() -> list[str]:
+    """The devices this rank's agent was given (one a rank), else the CPU."""
+    return (os.environ.get(DEVICE_VAR) or "cpu").split(",")
+
+
 def rank_device():
-    """This rank's torch device: the one its agent was given, else the CPU."""
+    """This rank's torch device: its own of its agent's devices, else the CPU."""
     import torch
 
-    return torch.device(os.environ.get(DEVICE_VAR) or "cpu")
+    devices = agent_devices()
+    return torch.device(devices[int(os.environ.get("LOCAL_RANK", "0")) % len(devices)])

@@ -137,6 +137,7 @@ class WorkerSession:
         identity = RankIdentity.from_env()
         self.rank, self.world_size, self.local_rank = identity.rank, identity.world_size, identity.local_rank
         self.node_id = identity.node_id
+        self.identity = identity
         fence = config.fence
         # Every commit and deletion first checks that the driver that started this group still
         # holds the run: an orphaned group of a driver that was replaced changes nothing.

@@ -126,12 +126,17 @@ class ScalingSpec:
     # worker's batch is its loader's batch_size, so the global batch follows the world size).
     # The orchestrator splits it into per-worker micro-batches and gradient accumulation.
     global_batch_size: int | None = None
-    # Give each worker one GPU and use NCCL; false trains on CPU with gloo.
+    # Give each rank one GPU and use NCCL; false trains on CPU with gloo.
     use_gpu: bool = False
-    # Ray resources each worker asks for, e.g. {CPU: 1}.
+    # Ray resources each worker asks for, e.g. {CPU: 1}; by default a CPU (and with use_gpu a GPU)
+    # for each of its nproc_per_node ranks.
     resources_per_worker: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     # spread: one worker per node where possible; pack: fill a node before using the next.
     placement: str = "spread"
+    # Ranks per worker (torchrun's --nproc_per_node) on the torch and Lightning paths: each worker
+    # is a node's agent and runs this many rank children, restarted in place; the world is
+    # num_workers x nproc_per_node ranks. A script's is script.nproc_per_node.
+    nproc_per_node: int = 1
 
     @property
     def elastic(self) -> bool:
@@ -256,8 +261,9 @@ class JobSpec:
 
     @property
     def ranks_per_worker(self) -> int:
-        """Rank children each Ray Train worker (a node's agent) runs: K on the script path, else one."""
-        return self.script.nproc_per_node if self.script is not None else 1
+        """Rank children each Ray Train worker (a node's agent) runs: script.nproc_per_node on the
+        script path, scaling.nproc_per_node on the others."""
+        return self.script.nproc_per_node if self.script is not None else self.scaling.nproc_per_node
 
     @property
     def strategy_field(self) -> str:

@@ -106,7 +106,7 @@ def check_script_target(script: ScriptSpec) -> None:
             "command in the directory that holds the package, or install it, as `python -m` would need.")
 
 
-def script_resources(scaling_raw: dict[str, Any], nproc: int, use_gpu: bool) -> dict[str, float] | None:
+def agent_resources(scaling_raw: dict[str, Any], nproc: int, use_gpu: bool) -> dict[str, float] | None:
     """A node's worker holds its K ranks' resources: K CPUs (and K GPUs), unless the spec says otherwise."""
     if scaling_raw.get("resources_per_worker") is not None:
         return None

@@ -44,7 +44,7 @@ from orchestrator.spec.model import (
     ScalingSpec,
     TorchSpec,
 )
-from orchestrator.spec.script import parse_script, script_resources
+from orchestrator.spec.script import agent_resources, parse_script
 
 
 def validate(raw: Mapping[str, Any], *, check_imports: bool = True, read_only: bool = False) -> JobSpec:
@@ -284,10 +284,14 @@ def _torch(raw: Any) -> TorchSpec:
 
 def _script_scaling(raw: dict[str, Any], scaling: ScalingSpec, nproc: int) -> ScalingSpec:
     """On the script path a worker is a node's agent: it holds the resources of its K ranks."""
+    if scaling.nproc_per_node != 1:
+        raise SpecError(f"field 'scaling.nproc_per_node' ({scaling.nproc_per_node}) is for the torch: and lightning: "
+                        "paths; a script's ranks per node are script.nproc_per_node. Fix: move it to "
+                        f"script: {{nproc_per_node: {scaling.nproc_per_node}}} (torchrun's --nproc_per_node).")
     if scaling.global_batch_size is not None:
         raise SpecError("field 'scaling.global_batch_size' does not apply to a script: the script sizes its own "
                         "batches. Fix: remove it (the script's DistributedSampler shards over WORLD_SIZE ranks).")
-    resources = script_resources(raw, nproc, scaling.use_gpu)
+    resources = agent_resources(raw, nproc, scaling.use_gpu)
     return dataclasses.replace(scaling, resources_per_worker=resources) if resources else scaling
 
 
@@ -300,10 +304,13 @@ def _scaling(raw: Any) -> ScalingSpec:
         workers = [raw["min_workers"], workers]  # the form JobSpec.to_dict() writes
     low, high = _worker_range(workers)
     global_batch = integer(raw, "global_batch_size", path, None, minimum=1)
+    per_node = integer(raw, "nproc_per_node", path, 1, minimum=1)
     if global_batch is not None:
-        _check_global_batch(global_batch, low, high)
+        _check_global_batch(global_batch, low, high, per_node)
     use_gpu = boolean(raw, "use_gpu", path, False)
-    resources = optional(raw, "resources_per_worker", path, dict, {"CPU": 1.0})
+    # A worker holds its ranks' resources: a CPU (and a GPU) each, unless the spec says otherwise.
+    default = agent_resources(raw, per_node, use_gpu) if per_node > 1 else {"CPU": 1.0}
+    resources = optional(raw, "resources_per_worker", path, dict, default)
     for key, value in resources.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise SpecError(
@@ -319,6 +326,7 @@ def _scaling(raw: Any) -> ScalingSpec:
         use_gpu=use_gpu,
         resources_per_worker={str(k): float(v) for k, v in resources.items()},
         placement=placement,
+        nproc_per_node=per_node,
     )
 
 
@@ -345,19 +353,22 @@ def _worker_range(value: Any) -> tuple[int, int]:
     return value, value
 
 
-def _check_global_batch(global_batch: int, low: int, high: int) -> None:
+def _check_global_batch(global_batch: int, low: int, high: int, per_node: int = 1) -> None:
     from orchestrator.data.order import nearest_splittable, sizes_that_split
 
-    bad = [w for w in range(low, high + 1) if global_batch % w]
+    bad = [w * per_node for w in range(low, high + 1) if global_batch % (w * per_node)]
     if not bad:
         return
     sizes = "[" + f"{low}, {high}" + "]" if low != high else str(low)
+    ranks = f" x scaling.nproc_per_node {per_node}" if per_node > 1 else ""
+    unit = "rank" if per_node > 1 else "worker"
+    low, high = low * per_node, high * per_node
     works = sizes_that_split(global_batch, low, high)
     nearest = nearest_splittable(global_batch, low, high)
     raise SpecError(
         f"field 'scaling.global_batch_size': {global_batch} does not split evenly over "
-        f"{', '.join(map(str, bad))} worker(s), a size that scaling.num_workers {sizes} allows; every worker "
-        "takes the same share of each global batch. "
+        f"{', '.join(map(str, bad))} {unit}(s), a size that scaling.num_workers {sizes}{ranks} allows; every "
+        f"{unit} takes the same share of each global batch. "
         + (f"Sizes in range that split it: {', '.join(map(str, works))}. " if works else "")
         + f"Fix: global_batch_size: {nearest} (the nearest that every size from {low} to {high} splits), "
         "or narrow num_workers to sizes that split it."

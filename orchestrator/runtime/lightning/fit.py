@@ -41,7 +41,7 @@ from orchestrator.data.seeded import global_order_loader
 from orchestrator.runtime.batches import batch_len
 from orchestrator.runtime.fingerprint import weights_sha256
 from orchestrator.runtime.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
-from orchestrator.runtime.identity import rank_device
+from orchestrator.runtime.identity import agent_devices, rank_device
 from orchestrator.runtime.lightning.datamodule import build_datamodule
 from orchestrator.runtime.lightning.fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.runtime.lightning.loggers import build_loggers, continue_logger_runs
@@ -296,12 +296,14 @@ def _train(session: WorkerSession, scratch: str) -> None:
     # Quiet by default (the driver prints progress); a user's own value wins.
     trainer_args = {"logger": loggers or False, "enable_progress_bar": False, "enable_model_summary": False,
                     **spec.trainer}
-    # One rank a process, on the device its agent was given; the ranks, the world and the process
-    # group (made by rank_main.py) come from torchrun's variables, as under torchrun.
+    # One rank a process, as under torchrun: its agent's devices are the node's (rank child i on
+    # the i-th); the ranks, the world and the process group (made by rank_main.py) come from
+    # torchrun's variables through TorchElasticEnvironment.
+    here = [torch.device(d) for d in agent_devices()]
     trainer = pl.Trainer(
         **trainer_args,
-        devices=[device.index] if device.type == "cuda" else 1,
-        num_nodes=session.world_size,
+        devices=[d.index for d in here] if device.type == "cuda" else session.identity.local_world_size,
+        num_nodes=session.world_size // session.identity.local_world_size,
         accelerator="gpu" if device.type == "cuda" else "cpu",
         strategy=strategy,
         plugins=[TorchElasticEnvironment(), checkpoint_io],

@@ -67,22 +67,25 @@ class SessionStart:
         spec = self.config.spec
         env = {**without_ray(os.environ), **spec.env}
         if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in spec.env:
-            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]  # Ray Train's rule for its workers, kept
+            # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
+            # computes with the same threads whether its peers are on its agent or another.
+            threads = int(os.environ["OMP_NUM_THREADS"]) // placement.local_world_size
+            env["OMP_NUM_THREADS"] = str(max(1, threads))
         path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
         # The child's session: the monitor through this agent; its output reaches its log through
         # this agent's copy of its pipe, so it writes no log of its own.
         worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
         write_config(path, RankConfig(worker=worker, in_place=in_place))
-        env.update({CONFIG_VAR: path, DEVICE_VAR: str(_agent_device()), NODE_ID_VAR: self.node_id,
+        env.update({CONFIG_VAR: path, DEVICE_VAR: _agent_devices(), NODE_ID_VAR: self.node_id,
                     "PYTHONUNBUFFERED": "1"})
         return env
 
 
-def _agent_device():
-    """This agent's device, as Ray Train assigned it (its rank child trains there)."""
+def _agent_devices() -> str:
+    """This agent's devices, as Ray Train assigned them (rank child i trains on the i-th)."""
     import ray.train.torch
 
-    return ray.train.torch.get_device()
+    return ",".join(str(device) for device in ray.train.torch.get_devices())
 
 
 class Answers:
