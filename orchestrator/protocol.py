@@ -226,7 +226,7 @@ class AttemptBegun:
     latest_uri: str | None = None
 
 
-# --- the verdict on an attempt whose ranks restart in place (driver/rounds.py) --------------------
+# --- the verdict on an attempt whose ranks restart in place (driver/attempts.py) --------------------
 
 WAIT, RESTART, FAIL, FINISH, STOPPED = "wait", "restart", "fail", "finish", "stopped"
 

@@ -17,12 +17,10 @@ from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from orchestrator.driver.classifier import FailureClassifier, classify_failure
 from orchestrator.driver.monitor import RunMonitor
-from orchestrator.driver.watchdog import HangWatchdog
 from orchestrator.errors import LeaseLost
 from orchestrator.failures import (
     DIED,
     GPU,
-    HANG,
     INFRASTRUCTURE,
     STOPPED,
     TAKEN_OVER,
@@ -33,7 +31,7 @@ from orchestrator.failures import (
     UserCodeFailed,
     WorkerFailure,
 )
-from orchestrator.protocol import Beat, RankStarted
+from orchestrator.protocol import RankStarted
 
 HANG_TIMEOUT_S = 30.0
 NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
@@ -93,27 +91,14 @@ def test_each_failed_rank_is_recorded_with_the_node_host_and_process_it_ran_on_a
     assert (unknown.records[0].node_id, unknown.records[0].hostname, unknown.records[0].pid) == ("", "", 0)
 
 
-def test_a_worker_the_hang_watchdog_ended_is_recorded_as_the_hang_and_not_as_a_lost_worker():
-    watchdog = HangWatchdog(HANG_TIMEOUT_S)
-    watchdog.new_attempt(1, 2, now=0.0)
-    watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=1.0)
-    watchdog.observe(1, Beat(rank=1, step=12, phase="training", idle_s=0.0), now=1.0)
-    verdict = watchdog.observe(1, Beat(rank=0, step=12, phase="training", idle_s=0.0), now=HANG_TIMEOUT_S + 2)
-    assert verdict is not None and verdict.ranks == [1]  # rank 1 stopped answering
-    # The worker that the verdict made end itself, as Ray Train's health check reports it.
+def test_a_lost_agent_is_an_infrastructure_failure_retried_by_ray_train_and_a_bug_is_not():
+    # A hang never reaches Ray Train's controller (its ranks restart in place): a dead agent, as
+    # Ray Train's health check reports it, is a lost worker, which the group restart heals.
     died = WorkerHealthCheckFailedError("Worker health check failed.", ray.exceptions.RayActorError())
-
-    without = classify_failure({1: died}, _monitor().failure_context(), HANG_TIMEOUT_S)
-    assert without.kind == INFRASTRUCTURE and without.records[0].error.startswith(DIED)
-
-    view = {**_monitor().failure_context(), "hang": verdict.to_record()}
-    decision = classify_failure({1: died}, view, HANG_TIMEOUT_S)
-    record = decision.records[0]
-    assert decision.kind == HANG and record.kind == HANG and decision.end is None
-    assert record.error == "ended by the hang watchdog: " + verdict.message
-    assert decision.event().hang == verdict.to_record()
-    # A rank's own error is not the watchdog's doing, even while a verdict stands.
-    bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
+    lost = classify_failure({1: died}, _monitor().failure_context(), HANG_TIMEOUT_S)
+    assert lost.kind == INFRASTRUCTURE and lost.records[0].error.startswith(DIED) and lost.end is None
+    assert lost.event().hang is None
+    bug = classify_failure({0: _worker(_bug, 0)}, _monitor().failure_context(), HANG_TIMEOUT_S)
     assert bug.records[0].kind == USER and isinstance(bug.end, UserCodeFailed)
 
 

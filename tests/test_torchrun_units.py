@@ -17,7 +17,7 @@ from conftest import REPO, run_cli, wait_for
 
 from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
-from orchestrator.driver.rounds import SETTLE_S, InPlaceRounds
+from orchestrator.driver.attempts import SETTLE_S, InPlaceAttempts
 from orchestrator.errors import SpecError, UserError
 from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
 from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
@@ -111,108 +111,108 @@ def test_each_rank_gets_torchruns_variables_for_its_place_in_the_world():
 # --- the verdict on an attempt -----------------------------------------------------------------
 
 
-def _rounds(max_restarts=3, workers=2) -> InPlaceRounds:
-    rounds = InPlaceRounds(max_restarts)
-    assert rounds.new_group(workers) == 1  # the run's first attempt
-    return rounds
+def _attempts(max_restarts=3, workers=2) -> InPlaceAttempts:
+    attempts = InPlaceAttempts(max_restarts)
+    assert attempts.new_group(workers) == 1  # the run's first attempt
+    return attempts
 
 
 def test_a_signal_death_restarts_every_rank_at_once_and_counts_the_restart():
-    rounds = _rounds()
-    rounds.report(1, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
-    verdict = rounds.verdict(1, 10.0)
+    attempts = _attempts()
+    attempts.report(1, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
+    verdict = attempts.verdict(1, 10.0)
     assert verdict.action == RESTART and verdict.failure["rank"] == 1 and verdict.restarts == 1
     assert verdict.attempt == 2
     # Every node asking about that attempt hears the same; the next attempt starts clean.
-    assert rounds.verdict(1, 99.0) == verdict
-    assert rounds.state() == {"attempt": 2, "restarts": 1, "max_restarts": 3}
-    assert rounds.verdict(2, 11.0) == Verdict(WAIT)
+    assert attempts.verdict(1, 99.0) == verdict
+    assert attempts.state() == {"attempt": 2, "restarts": 1, "max_restarts": 3}
+    assert attempts.verdict(2, 11.0) == Verdict(WAIT)
 
 
 def test_a_peers_communication_error_waits_for_the_bug_that_caused_it_and_the_bug_decides():
-    rounds = _rounds()
-    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
-    assert rounds.verdict(1, 10.0 + SETTLE_S / 2) == Verdict(WAIT)
-    rounds.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
-    verdict = rounds.verdict(1, 10.0 + SETTLE_S / 2)
+    attempts = _attempts()
+    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
+    assert attempts.verdict(1, 10.0 + SETTLE_S / 2) == Verdict(WAIT)
+    attempts.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
+    verdict = attempts.verdict(1, 10.0 + SETTLE_S / 2)
     assert verdict.action == FAIL and verdict.failure["rank"] == 3
 
 
 def test_a_communication_error_alone_restarts_after_the_settling_time():
-    rounds = _rounds()
-    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
-    assert rounds.verdict(1, 10.0 + SETTLE_S + 0.01).action == RESTART
+    attempts = _attempts()
+    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
+    assert attempts.verdict(1, 10.0 + SETTLE_S + 0.01).action == RESTART
 
 
 def test_restarts_in_place_and_of_the_group_share_one_budget():
-    rounds = _rounds(max_restarts=2)
-    rounds.report(1, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
-    assert rounds.verdict(1, 1.0).action == RESTART
-    assert rounds.new_group(2) == 3  # Ray Train replaced a lost node: the second restart, attempt 3
-    assert rounds.restarts == 2 and rounds.exhausted
-    rounds.report(3, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
-    verdict = rounds.verdict(3, 5.0)
+    attempts = _attempts(max_restarts=2)
+    attempts.report(1, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
+    assert attempts.verdict(1, 1.0).action == RESTART
+    assert attempts.new_group(2) == 3  # Ray Train replaced a lost node: the second restart, attempt 3
+    assert attempts.restarts == 2 and attempts.exhausted
+    attempts.report(3, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
+    verdict = attempts.verdict(3, 5.0)
     assert verdict.action == FAIL and verdict.exhausted
 
 
 def test_a_scripts_own_nonzero_exit_restarts_in_place_as_under_torchrun_after_waiting_for_a_peers_bug():
-    rounds = _rounds()
+    attempts = _attempts()
     exit_3 = {"rank": 1, "kind": "exit", "decisive": False, "error": "the script exited with status 3 (sys.exit)"}
-    rounds.report(1, 0, exit_3, 10.0)
-    assert rounds.verdict(1, 10.0) == Verdict(WAIT)  # a peer's bug may be why it exited
+    attempts.report(1, 0, exit_3, 10.0)
+    assert attempts.verdict(1, 10.0) == Verdict(WAIT)  # a peer's bug may be why it exited
     # Rank 0 then loses its peer in a collective: the consequence, not the cause.
-    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
-    verdict = rounds.verdict(1, 10.0 + SETTLE_S + 0.01)
+    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
+    verdict = attempts.verdict(1, 10.0 + SETTLE_S + 0.01)
     assert verdict.action == RESTART and verdict.failure == exit_3 and verdict.restarts == 1
 
 
 def test_late_reports_of_a_decided_attempt_are_ignored_and_a_replaced_group_is_told_so():
-    rounds = _rounds()
-    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
-    decided = rounds.verdict(1, 1.0)
+    attempts = _attempts()
+    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
+    decided = attempts.verdict(1, 1.0)
     assert decided.action == RESTART
     # Node 1's report of the same attempt arrives after the verdict: it changes neither that
     # verdict nor the next attempt's.
-    rounds.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
-    assert rounds.verdict(1, 2.0) == decided
-    assert rounds.failures == [] and rounds.verdict(2, 2.0) == Verdict(WAIT)
+    attempts.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
+    assert attempts.verdict(1, 2.0) == decided
+    assert attempts.failures == [] and attempts.verdict(2, 2.0) == Verdict(WAIT)
     # Ray Train replaced the group: a supervisor of the old one asking about its attempt is told to stop.
-    rounds.new_group(2)
-    assert rounds.verdict(2, 3.0) == Verdict(FAIL, reason="this worker group was replaced")
+    attempts.new_group(2)
+    assert attempts.verdict(2, 3.0) == Verdict(FAIL, reason="this worker group was replaced")
 
 
 def test_an_error_a_restart_in_place_brings_back_at_the_same_step_is_the_datas_and_fails_the_run():
     # Exact resume replays the same batch: a storage-looking error (one with a signature) at the
     # same step again is deterministic, so the second time it is the user's, not a third restart.
-    rounds = _rounds()
+    attempts = _attempts()
     damaged = {"rank": 1, "kind": "infrastructure", "error": "ParquetReadError: row group 5", "step": 42,
                "signature": "abc123", "decisive": False}
-    rounds.report(1, 1, dict(damaged), 1.0)
-    assert rounds.verdict(1, 1.0 + SETTLE_S + 0.01).action == RESTART
-    rounds.report(2, 1, dict(damaged, step=43), 5.0)  # another step: a hiccup again, restarted
-    assert rounds.verdict(2, 5.0 + SETTLE_S + 0.01).action == RESTART
-    rounds.report(3, 1, dict(damaged), 9.0)
-    verdict = rounds.verdict(3, 9.0)
+    attempts.report(1, 1, dict(damaged), 1.0)
+    assert attempts.verdict(1, 1.0 + SETTLE_S + 0.01).action == RESTART
+    attempts.report(2, 1, dict(damaged, step=43), 5.0)  # another step: a hiccup again, restarted
+    assert attempts.verdict(2, 5.0 + SETTLE_S + 0.01).action == RESTART
+    attempts.report(3, 1, dict(damaged), 9.0)
+    verdict = attempts.verdict(3, 9.0)
     assert verdict.action == FAIL and verdict.failure["kind"] == "user" and verdict.failure["repeated"]
     assert "same step (42)" in verdict.failure["note"]
 
 
 def test_a_run_another_driver_took_over_is_not_restarted_in_place():
     # A rank's commit found the lease another driver's: no restart would be this driver's to make.
-    rounds = _rounds()
-    rounds.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"},
+    attempts = _attempts()
+    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"},
                   1.0)
-    rounds.report(1, 1, {"rank": 1, "kind": "taken_over", "decisive": True, "error": "LeaseLost: generation 2"}, 1.1)
-    verdict = rounds.verdict(1, 1.1)
-    assert verdict.action == FAIL and verdict.failure["kind"] == "taken_over" and rounds.restarts == 0
+    attempts.report(1, 1, {"rank": 1, "kind": "taken_over", "decisive": True, "error": "LeaseLost: generation 2"}, 1.1)
+    verdict = attempts.verdict(1, 1.1)
+    assert verdict.action == FAIL and verdict.failure["kind"] == "taken_over" and attempts.restarts == 0
 
 
 def test_an_attempt_finishes_when_every_node_reports_its_ranks_exited_0():
-    rounds = _rounds(workers=2)
-    rounds.report(1, 0, None, 1.0)
-    assert rounds.verdict(1, 1.0) == Verdict(WAIT)
-    rounds.report(1, 1, None, 2.0)
-    assert rounds.verdict(1, 2.0) == Verdict(FINISH)
+    attempts = _attempts(workers=2)
+    attempts.report(1, 0, None, 1.0)
+    assert attempts.verdict(1, 1.0) == Verdict(WAIT)
+    attempts.report(1, 1, None, 2.0)
+    assert attempts.verdict(1, 2.0) == Verdict(FINISH)
 
 
 # --- the bootstrap ----------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_a_scripts_own_exit_status_is_kept_and_recorded(tmp_path):
     code, _, files = _bootstrap(tmp_path, "import sys\nsys.exit(3)\n")
     assert code == 3
     with open(files["ORCHESTRATOR_FAILURE_FILE"]) as f:
-        # The script's own word, not a bug: restarted as torchrun restarts it (rounds.py).
+        # The script's own word, not a bug: restarted as torchrun restarts it (attempts.py).
         assert json.load(f) == {"kind": "exit", "error": "the script exited with status 3 (sys.exit)",
                                 "where": "", "signature": ""}
     os.remove(files["ORCHESTRATOR_FAILURE_FILE"])

@@ -15,9 +15,7 @@ import ray.train
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.failures import (
-    DIED,
     GPU,
-    HANG,
     INFRASTRUCTURE,
     MEMORY,
     STOPPED,
@@ -39,7 +37,7 @@ from orchestrator.protocol import Failure
 log = logging.getLogger(__name__)
 
 # The monitor's view when it cannot be asked: the classification still stands without it.
-NO_VIEW: dict[str, Any] = {"hang": None, "stopping": False, "places": {}}
+NO_VIEW: dict[str, Any] = {"stopping": False, "places": {}}
 # What to do about a fault of a node (FailureRecord.fault), said in the record's note.
 ADVICE = {GPU: drain_advice, MEMORY: memory_advice}
 
@@ -64,24 +62,21 @@ class Classified:
 def classify_failure(worker_exceptions: dict[int, BaseException], view: dict[str, Any],
                      hang_timeout_s: float) -> Classified:
     """Classify a failure of the group from each failed rank's exception and the monitor's view
-    (RunMonitor.failure_context: the hang verdict, whether the run is stopping or taken over,
+    (RunMonitor.failure_context: whether the run is stopping or taken over,
     where each rank ran, the earlier failures' signatures, whether restarts are used up)."""
     records = [describe_ray_error(rank, exc, hang_timeout_s) for rank, exc in sorted(worker_exceptions.items())]
-    verdict, stopping = view["hang"], view["stopping"]
+    stopping = view["stopping"]
     for record in records:
         place = view["places"].get(record.rank) or {}
         record.node_id, record.pid = place.get("node_id", ""), place.get("pid", 0)
         record.hostname = place.get("hostname", "")
-        if verdict and record.error.startswith(DIED):
-            # The watchdog's verdict made this worker end itself (runtime/heartbeat.py).
-            record.kind, record.error = HANG, "ended by the hang watchdog: " + verdict["message"]
     mark_repeats(records, view.get("earlier", []))
     for record in records:
         if record.kind == INFRASTRUCTURE and record.fault in ADVICE:
             record.note = ADVICE[record.fault](record)
-    kind = TAKEN_OVER if view.get("taken_over") else overall(records, verdict, stopping)
+    kind = TAKEN_OVER if view.get("taken_over") else overall(records, None, stopping)
     exhausted = view.get("restarts_exhausted") if kind not in (STOPPED, TAKEN_OVER, USER) else None
-    return Classified(kind, records, verdict, bool(exhausted), _end(kind, records, view, exhausted))
+    return Classified(kind, records, None, bool(exhausted), _end(kind, records, view, exhausted))
 
 
 def _end(kind: str, records: list[FailureRecord], view: dict[str, Any],

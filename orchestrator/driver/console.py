@@ -25,7 +25,6 @@ from orchestrator.protocol import (
     CheckpointCommitted,
     Event,
     Failure,
-    Hang,
     Preemption,
     Progress,
     RankStarted,
@@ -233,8 +232,6 @@ class RunWatcher:
         if isinstance(event, Preemption):
             return (f"preemption notice: node(s) {', '.join(n[:12] for n in event.nodes)} go away in "
                     f"{event.seconds_left}; checkpointing at step {event.step}")
-        if isinstance(event, Hang):
-            return f"hang detected: {event.message}; restarting the group from the newest checkpoint"
         if isinstance(event, Failure):
             self._group_down()
             ranks = "; ".join(_record_line(r) for r in event.ranks) or "no rank reported an error"

@@ -23,7 +23,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.driver.rounds import InPlaceRounds
+from orchestrator.driver.attempts import InPlaceAttempts
 from orchestrator.driver.watchdog import HangWatchdog
 from orchestrator.protocol import (
     RESTART,
@@ -94,8 +94,8 @@ class RunMonitor:
         # Per attempt: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
         # Every rank is a child of its node's agent: a failed rank restarts every rank in place
-        # (rounds.py), each restart a new attempt in the same worker group.
-        self._rounds = InPlaceRounds(max_restarts)
+        # (attempts.py), each restart a new attempt in the same worker group.
+        self._attempts = InPlaceAttempts(max_restarts)
         self._ranks = 0
         # The agents of the current group that ended and removed what they kept on their node.
         self._agents_done: set[int] = set()
@@ -129,43 +129,43 @@ class RunMonitor:
     def ended(self) -> bool:
         """Whether the run ran to its end and every agent of the group cleaned up after it (a
         driver that leaves then, before Ray Train's teardown, leaves nothing behind)."""
-        return self.finished() and len(self._agents_done) >= self._rounds.workers
+        return self.finished() and len(self._agents_done) >= self._attempts.workers
 
     def begin_group(self, world_size: int, workers: int = 1) -> AttemptBegun:
         """Agent 0 of a new worker group (`workers` agents, running `world_size` ranks): the
         attempt it starts, and the newest checkpoint of this run."""
         latest = self._latest_checkpoint
-        self._attempt = self._rounds.new_group(workers)
+        self._attempt = self._attempts.new_group(workers)
         self._ranks = world_size
         self._agents_done = set()
         self._watchdog.new_attempt(self._attempt, world_size, time.time())
         return AttemptBegun(self._attempt, latest.uri if latest else None)
 
-    # --- the attempts in place (rounds.py) -----------------------------------------------------
+    # --- the attempts in place (attempts.py) -----------------------------------------------------
 
-    def script_state(self) -> dict[str, Any]:
+    def attempt_state(self) -> dict[str, Any]:
         """The attempt starting now, the restarts allowed, and the newest checkpoint committed in
         this run (a ctx job's rank 0 resumes from it)."""
         latest = self._latest_checkpoint
-        return {**self._rounds.state(), "latest_uri": latest.uri if latest else None}
+        return {**self._attempts.state(), "latest_uri": latest.uri if latest else None}
 
-    def script_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
+    def attempt_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
         """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""
-        self._rounds.report(attempt, worker, failure, time.time())
+        self._attempts.report(attempt, worker, failure, time.time())
 
-    def script_verdict(self, attempt: int) -> Verdict:
-        undecided = attempt not in self._rounds.verdicts
-        verdict = self._rounds.verdict(attempt, time.time())
+    def attempt_verdict(self, attempt: int) -> Verdict:
+        undecided = attempt not in self._attempts.verdicts
+        verdict = self._attempts.verdict(attempt, time.time())
         if undecided and verdict.action == RESTART:
             self._attempt = verdict.attempt
             self._watchdog.new_attempt(self._attempt, self._ranks, time.time())
             self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
-                                     max_restarts=self._rounds.max_restarts, failure=verdict.failure))
+                                     max_restarts=self._attempts.max_restarts, failure=verdict.failure))
         return verdict
 
     def beat(self, attempt: int, beat: Beat) -> BeatReply:
         """A rank's heartbeat. The reply tells it whether to end now, or to stop (a hang verdict is
-        a failure of the attempt: every rank restarts in place, rounds.py)."""
+        a failure of the attempt: every rank restarts in place, attempts.py)."""
         now = time.time()
         if beat.rank == 0 and beat.step > self._last_steps.get(attempt, (0, 0.0))[0]:
             self._last_steps[attempt] = (beat.step, now)
@@ -174,7 +174,7 @@ class RunMonitor:
         stop = self._stop_requested is not None
         if verdict is not None and undecided:
             for rank in verdict.ranks:
-                self._rounds.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
+                self._attempts.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
                                                   "error": verdict.message, "hang": verdict.to_record()}, now)
         return BeatReply(abort=self._abort_reason, stop=stop)
 
@@ -185,17 +185,16 @@ class RunMonitor:
         """What Ray Train's controller needs to classify a failure of the current group (a lost
         agent): whether the run is stopping, where each rank ran, and the earlier failures'
         errors a retry could have got past (an error back at the same step is the data's). A hang
-        is never one: its ranks restart in place (`hang` is None)."""
+        is never one: its ranks restart in place."""
         places = {e.rank: {"node_id": e.node_id, "pid": e.pid, "hostname": e.hostname}
                   for e in self._events if isinstance(e, RankStarted) and e.attempt == self._attempt}
         earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
                    if isinstance(e, Failure) for r in e.ranks if r.get("signature")]
         exhausted = None
-        if self._rounds.exhausted:
-            exhausted = (f"the run used all {self._rounds.restarts} restart(s) failure.max_failures "
-                         f"({self._rounds.max_restarts}) allows, in place and of the whole group together")
-        return {"hang": None,
-                "stopping": self._stop_requested is not None, "places": places,
+        if self._attempts.exhausted:
+            exhausted = (f"the run used all {self._attempts.restarts} restart(s) failure.max_failures "
+                         f"({self._attempts.max_restarts}) allows, in place and of the whole group together")
+        return {"stopping": self._stop_requested is not None, "places": places,
                 "taken_over": self._taken_over, "restarts_exhausted": exhausted,
                 "earlier": earlier}
 

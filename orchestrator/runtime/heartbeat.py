@@ -7,7 +7,7 @@ the training thread stands, and acts on the reply:
   this rank ends its own process with HANG_EXIT_CODE, which its agent takes as that order. The
   training thread may be blocked in a collective that would otherwise wait for half an hour,
   and a process that exits needs nobody's cooperation. (A hang verdict is not sent this way: the
-  run monitor restarts every rank in place through their agents, driver/rounds.py.);
+  run monitor restarts every rank in place through their agents, driver/attempts.py.);
 - the driver asked the run to stop: `stop_requested` turns true, and the next step's agreement
   (`cadence.py`) takes a last checkpoint and ends training.
 """

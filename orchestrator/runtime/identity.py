@@ -1,9 +1,8 @@
 """Who this rank is, read from torchrun's environment variables.
 
-Every rank has them: a torchrun script's rank and a rank child of a node agent get them from the
-agent (script/children.py), as torchrun gives them; a Ray Train worker gets them from Ray Train's
-torch backend (`_set_torch_distributed_env_vars`). So nothing that asks who a rank is needs Ray.
-The node is the agent's Ray node id when it says so (ORCHESTRATOR_NODE_ID), else Ray's own.
+Every rank is a child process of its node's agent, on every path, and gets them from the agent
+(script/children.py) as torchrun gives them, so nothing that asks who a rank is needs Ray. The
+node is the agent's Ray node id (ORCHESTRATOR_NODE_ID).
 """
 
 from __future__ import annotations
@@ -31,15 +30,9 @@ class RankIdentity:
         missing = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name not in env]
         if missing:
             raise RuntimeError(f"{', '.join(missing)} not set: a rank runs under torchrun's environment "
-                               "(a Ray Train worker or the node agent sets it)")
+                               "(its node's agent sets it)")
         return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env["LOCAL_RANK"]),
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")), node_id=env.get(NODE_ID_VAR) or _ray_node())
-
-
-def _ray_node() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")), node_id=env.get(NODE_ID_VAR, ""))
 
 
 def agent_devices() -> list[str]:

@@ -159,7 +159,7 @@ def _classified(exc: BaseException, target: str) -> dict:
     from orchestrator.failures import WorkerFailure
 
     # A ctx rank (runtime/rank_main.py) notes the step it failed at: a restart that brings the
-    # same error back at the same step is the data's (driver/rounds.py).
+    # same error back at the same step is the data's (driver/attempts.py).
     step = getattr(exc, "orchestrator_step", None)
     record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0")), step=step).record
     return {"kind": record.kind, "error": record.error, "where": record.where, "signature": record.signature,

@@ -1,4 +1,4 @@
-"""What a rank child's end says, as the node's agent reports it to the run monitor (driver/rounds.py)."""
+"""What a rank child's end says, as the node's agent reports it to the run monitor (driver/attempts.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def failure_of(child, node_id: str, hostname: str) -> dict[str, Any]:
         return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
                 "error": f"the process exited with status {code} without a Python exception"}
     # A user error decides at once; an infrastructure error or the script's own exit status
-    # waits SETTLE_S for a peer's user error that may be its cause (rounds.py).
+    # waits SETTLE_S for a peer's user error that may be its cause (attempts.py).
     return {**place, **record, "decisive": record["kind"] not in (INFRASTRUCTURE, EXIT)}
 
 

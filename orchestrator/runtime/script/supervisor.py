@@ -4,7 +4,7 @@ torchelastic's model: agents survive, workers restart. Every Ray Train worker is
 (a ctx or Lightning rank runs the worker session itself: session_ranks.py). It starts its ranks
 as child processes (children.py), with torchrun's environment, and watches them:
 - a child that dies or fails is reported to the run monitor, which decides for every node
-  (driver/rounds.py): restart every rank in place (the same Ray Train workers, no new placement),
+  (driver/attempts.py): restart every rank in place (the same Ray Train workers, no new placement),
   fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
 - every second the children's optimizer-step counters and liveness (when each one's Python stack
   last moved, when its session last used CPU) go to the run monitor as heartbeats, and a child
@@ -171,7 +171,7 @@ class Supervisor:
         return {"attempt": begun.attempt, "master_addr": ray.util.get_node_ip_address()}
 
     def _attempt_state(self) -> dict[str, Any]:
-        state = ray.get(self.monitor.script_state.remote(), timeout=60)
+        state = ray.get(self.monitor.attempt_state.remote(), timeout=60)
         return {**state, "port": free_port()}
 
     def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
@@ -228,7 +228,7 @@ class Supervisor:
                     self.ranks.stop()
                     self._copy_logs()
                 if known:
-                    self.monitor.script_report.remote(attempt, self.worker, failure)
+                    self.monitor.attempt_report.remote(attempt, self.worker, failure)
                     reported = True
             if stop_sent:
                 continue
@@ -237,7 +237,7 @@ class Supervisor:
             if not reported and now - last_asked < (VERDICT_S if self.workers > 1 else LONE_VERDICT_S):
                 continue
             last_asked = now
-            verdict = ray.get(self.monitor.script_verdict.remote(attempt), timeout=60)
+            verdict = ray.get(self.monitor.attempt_verdict.remote(attempt), timeout=60)
             if verdict.action != WAIT:
                 return verdict
 
@@ -249,7 +249,7 @@ class Supervisor:
                   for c, code in exited if code != 0 and not self._crashed_after_end(c, code)]
         if failed:
             # Two ranks of this node may have ended by the time it looks (a SIGKILLed rank, then its
-            # peer's lost connection): the cause is chosen as across nodes (rounds.py).
+            # peer's lost connection): the cause is chosen as across nodes (attempts.py).
             return True, min(failed, key=cause_order)
         return len(exited) == len(self.ranks.children), None
 

@@ -1,4 +1,4 @@
-"""The in-place restarts of a torchrun script's ranks, decided in the run monitor.
+"""The in-place restarts of every rank (a torchrun script's, a ctx or Lightning job's), decided in the run monitor.
 
 Each node's supervisor (runtime/script/supervisor.py) runs its K ranks as children. An attempt
 (protocol.py) is one start of the children across all nodes. When a child dies or fails, its
@@ -29,7 +29,7 @@ SETTLE_S = 1.0
 
 
 @dataclass
-class InPlaceRounds:
+class InPlaceAttempts:
     # failure.max_failures: restarts of either kind before the run fails (-1: unlimited).
     max_restarts: int
     # The attempt running now (protocol.py): 1 for the first start of the ranks, one more for
