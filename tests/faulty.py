@@ -232,12 +232,25 @@ class OldPackageModel(pytorch_lightning.LightningModule):
 
 
 def _record_start(starts: str, rank: int, attempt: int) -> None:
-    """A JSON line for this start of a rank: who it is, its parent (the node's agent), the restarts."""
+    """A JSON line for this start of a rank: who it is, its parent (the node's agent), the restarts,
+    and when its process was created (time.time(), from /proc)."""
     import json
 
     with open(starts, "a") as f:
         f.write(json.dumps({"rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "attempt": attempt,
-                            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}) + "\n")
+                            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                            "created": _process_created()}) + "\n")
+
+
+def _process_created() -> float:
+    """This process's creation, in time.time() seconds: its age from /proc/self/stat's starttime
+    (clock ticks after boot), against the clock since boot now."""
+    import time
+
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
 
 
 def _fault_once(faults: list[dict], step: int, rank: int) -> None:
@@ -270,14 +283,18 @@ def torch_loop_three_faults(ctx) -> None:
 
 class ThreeFaultsClassifier(DigitsClassifier):
     """The quickstart model meeting torch_loop_three_faults' faults, after the optimizer step of
-    each step named, and recording each start of its rank the same way."""
+    each step named, and recording each start of its rank the same way (with `pace_s`, each step
+    takes that much longer)."""
 
-    def __init__(self, faults: list, starts: str, **kwargs):
+    def __init__(self, faults: list, starts: str, pace_s: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self._faults, self._starts = faults, starts
+        self._faults, self._starts, self._pace_s = faults, starts, pace_s
 
     def on_fit_start(self):
         _record_start(self._starts, self.global_rank, int(os.environ["ORCHESTRATOR_ATTEMPT"]))
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
+        import time
+
+        time.sleep(self._pace_s)
         _fault_once(self._faults, self.trainer.global_step, self.global_rank)

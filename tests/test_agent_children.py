@@ -78,11 +78,14 @@ def test_one_agent_runs_a_nodes_ranks_and_restarts_them_in_place_with_the_weight
     is restarted in place with its peer, and the weights are bit-equal to two workers of one rank."""
     clean = request.getfixturevalue(f"clean_{path}")
     starts = tmp_path / "starts.jsonl"
-    faults = [{"at": 15, "rank": 1, "how": "kill", "marker": str(tmp_path / "fault-0")}]
+    faults = [{"at": 30, "rank": 1, "how": "kill", "marker": str(tmp_path / "fault-0")}]
+    # Paced (0.1 s a step), the fault comes seconds after the ranks settled, as most faults do.
     if path == "torch":
-        spec = torch_spec("per-node", tmp_path, "faulty:torch_loop_three_faults", faults=faults, starts=str(starts))
+        spec = torch_spec("per-node", tmp_path, "faulty:torch_loop_three_faults", faults=faults, starts=str(starts),
+                          pace_s=0.1)
     else:
-        spec = lightning_spec("per-node", tmp_path, "faulty.ThreeFaultsClassifier", faults=faults, starts=str(starts))
+        spec = lightning_spec("per-node", tmp_path, "faulty.ThreeFaultsClassifier", faults=faults, starts=str(starts),
+                              pace_s=0.1)
     spec["scaling"] = {"num_workers": 1, "nproc_per_node": 2}
     result = run_spec(spec, str(tmp_path))
 
@@ -93,6 +96,10 @@ def test_one_agent_runs_a_nodes_ranks_and_restarts_them_in_place_with_the_weight
     assert sorted((s["rank"], s["restart_count"]) for s in seen) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # One agent: every start of either rank has the same parent.
     assert len({s["ppid"] for s in seen}) == 1
+    # The restarted ranks' processes were its spares, started before the fault: the restart did
+    # not wait for Python, torch and Lightning to import (runtime/script/spares.py).
+    fault_at = os.path.getmtime(faults[0]["marker"])
+    assert all(s["created"] < fault_at for s in seen if s["restart_count"] == 1), (seen, fault_at)
     assert result.global_step == clean.global_step
     assert result.weights_sha256 == clean.weights_sha256
 

@@ -124,6 +124,7 @@ def test_a_lightning_training_step_that_raises_fails_the_run_on_its_first_attemp
 
     assert "failed on its first attempt: rank 1: KeyError" in message
     assert "no such feature at step 3" in message
+    assert "tests/faulty.py:" in message  # where the user's code raised it
     summary = _summary(tmp_path / "buggy")
     assert len(summary["starts"]) == 1 and summary["failures"][0]["classification"] == "user"
 

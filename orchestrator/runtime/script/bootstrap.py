@@ -19,10 +19,18 @@
 It is run by path, not as `-m orchestrator...`, so that nothing is imported before the script
 but the standard library: no Ray, and torch only once the script imports it. The process dies
 with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
+
+    python .../bootstrap.py --spare MODULE[,MODULE...] -m orchestrator.runtime.rank_main
+
+is a spare for the next attempt of a ctx or Lightning rank (spares.py): it imports those modules
+(torch, Lightning, the harness: seconds of a restart) and waits; the agent hands it the attempt's
+environment as one JSON line on its stdin, and it goes on as a rank started afresh would. An
+end of its stdin without a line ends it.
 """
 
 import collections
 import faulthandler
+import importlib
 import json
 import os
 import runpy
@@ -97,13 +105,17 @@ def _watch_stack(fd: int) -> None:
     threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
 
 
-def _count_optimizer_steps(fd: int) -> None:
-    """Register the global optimizer hook once torch is imported (by the script, not by us)."""
+def _count_optimizer_steps(beat_fd: list) -> None:
+    """Register the global optimizer hook once torch is imported (by the script, not by us): it
+    counts into the beat file beat_fd[0] (a spare's is opened once the agent hands it an attempt)."""
     steps = [0]
     intervals: collections.deque = collections.deque(maxlen=INTERVALS_KEPT)
     timing = {"last": 0.0, "median": 0.0, "computed": 0.0}
 
     def stepped(optimizer, args, kwargs) -> None:
+        fd = beat_fd[0]
+        if fd is None:
+            return
         now = time.monotonic()
         steps[0] += 1
         if steps[0] > 1:
@@ -166,20 +178,44 @@ def _classified(exc: BaseException, target: str) -> dict:
             "fault": record.fault, "step": record.step}
 
 
+def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
+    """A spare: the optimizer hook in place, `modules` imported, then the attempt's environment
+    from the agent (True), or the end of stdin (False: it was not needed)."""
+    _count_optimizer_steps(beat_fd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank's own import, after the handover, says what is wrong
+            break
+    line = sys.stdin.readline()
+    if not line.strip():
+        return False
+    os.environ.clear()
+    os.environ.update(json.loads(line))
+    return True
+
+
 def main(argv: list[str]) -> int:
+    spare = None
+    if argv[:1] == ["--spare"] and len(argv) > 1:
+        spare, argv = [m for m in argv[1].split(",") if m], argv[2:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: bootstrap.py (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        print("usage: bootstrap.py [--spare MODULES] (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         return 2
     _die_with_parent()
     _take_niceness()
+    beat_fd: list = [None]
+    if spare is not None and not _wait_as_spare(spare, beat_fd):
+        return 0
     stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
     # chain: after the dump, the signal's default action (the end of the process) runs, before
     # the main thread runs another line of the script.
     faulthandler.register(stack_signal, file=sys.stderr, all_threads=True, chain=True)
     if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
-        beats = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
-        _count_optimizer_steps(beats)
-        _watch_stack(beats)
+        if spare is None:
+            _count_optimizer_steps(beat_fd)
+        beat_fd[0] = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
+        _watch_stack(beat_fd[0])
     # Python's own start-up for `python SCRIPT` / `python -m MODULE`: argv, and sys.path[0].
     if argv[0] == "-m":
         target, module = argv[1], argv[1]

@@ -114,6 +114,7 @@ class Child:
     beat_file: str
     failure_file: str
     log_path: str
+    env: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
@@ -158,7 +159,8 @@ class LocalRanks:
     """The children of one attempt on this node."""
 
     def __init__(self, command: list[str], cwd: str, base_env: dict[str, str], placement: Placement, scratch: str,
-                 log_dir: str | None, echo: Callable[[str], None] | None = None):
+                 log_dir: str | None, echo: Callable[[str], None] | None = None,
+                 spares: dict[int, subprocess.Popen] | None = None):
         self.children: list[Child] = []
         # torchrun's own layout: attempt_<TORCHELASTIC_RESTART_COUNT>/<local rank>/error.json.
         attempt = os.path.join(scratch, f"attempt_{placement.restart_count}")
@@ -174,11 +176,11 @@ class LocalRanks:
                    "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
                    "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid())}
             log_path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else os.path.join(where, "output.log")
-            process = subprocess.Popen([sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env,
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = _hand_over((spares or {}).get(local_rank), env) or subprocess.Popen(
+                [sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             child = Child(local_rank, rank, process, env["ORCHESTRATOR_BEAT_FILE"], env["ORCHESTRATOR_FAILURE_FILE"],
-                          log_path)
+                          log_path, env)
             child.reader = threading.Thread(target=_copy_output, args=(child, echo if rank == 0 else None),
                                             name=f"rank-{rank}-output", daemon=True)
             child.reader.start()
@@ -246,6 +248,22 @@ class Sweeper:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def _hand_over(spare: subprocess.Popen | None, env: dict[str, str]) -> subprocess.Popen | None:
+    """A waiting spare (spares.py) made this attempt's rank: its environment on its stdin. None
+    when there is no spare, or it is gone."""
+    if spare is None:
+        return None
+    try:
+        spare.stdin.write((json.dumps(env) + "\n").encode())
+        spare.stdin.close()
+        return spare
+    except OSError:  # it died waiting (BrokenPipeError): the rank starts afresh
+        sessions.end_sessions({spare.pid}, 0.0)
+        spare.wait()
+        spare.stdout.close()
+        return None
 
 
 def _signal(child: Child, signum: int) -> None:

@@ -1,8 +1,7 @@
-"""A node's agent: the Ray Train worker that runs the node's ranks (a script's K; else one).
-
-torchelastic's model: agents survive, workers restart. Every Ray Train worker is one node's agent
-(a ctx or Lightning rank runs the worker session itself: session_ranks.py). It starts its ranks
-as child processes (children.py), with torchrun's environment, and watches them:
+"""A node's agent: the Ray Train worker that runs the node's K ranks (torchelastic's model:
+agents survive, workers restart; a ctx or Lightning rank runs the worker session itself:
+session_ranks.py). It starts its ranks as child processes (children.py), with torchrun's
+environment, and watches them:
 - a child that dies or fails is reported to the run monitor, which decides for every node
   (driver/attempts.py): restart every rank in place (the same Ray Train workers, no new placement),
   fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
@@ -13,14 +12,13 @@ as child processes (children.py), with torchrun's environment, and watches them:
   sends none. On a hang verdict every rank's stacks go into its log, and it ends;
 - rank 0's output is sent to the driver's console (best effort: a backlog past ECHO_BACKLOG
   lines is dropped with a note, the log keeps everything); every rank's goes to
-  <run>/logs/rank-N.log, on every storage (on an object store, copied there at each end of the
-  ranks);
+  <run>/logs/rank-N.log, on every storage (on an object store, copied there at each attempt's end);
 - nothing the ranks start outlives them: each rank's session is ended with it, this process
   adopts and reaps what its children orphan (a child subreaper), and a sweeper process ends the
   ranks' sessions if this one is killed (children.py, sessions.py).
 
-The training itself runs in processes with no Ray in them. Only a lost worker or node goes
-through Ray Train's group restart (and counts against the same failure.max_failures).
+The training runs in processes with no Ray in them (a ctx or Lightning job's next ones started
+ahead: spares.py). Only a lost worker or node goes through Ray Train's group restart.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper,
 from orchestrator.runtime.script.outcome import failure_of, signal_name
 from orchestrator.runtime.script.rank_start import RankStart
 from orchestrator.runtime.script.session_ranks import Answers, SessionStart
+from orchestrator.runtime.script.spares import Spares
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -127,6 +126,8 @@ class Supervisor:
         self._echo_lock = threading.Lock()
         self.answers = Answers(self.monitor, self.spec.name) if self.sessions else None
         self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
+        # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py).
+        self.spares = Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd()) if self.sessions else None
 
     # --- the attempts -----------------------------------------------------------------------------
 
@@ -157,6 +158,8 @@ class Supervisor:
             self._closing = True
             if self.ranks is not None:
                 self.ranks.stop()
+            if self.spares is not None:
+                self.spares.close()
             self._end_orphans()
             self.sweeper.close()
             self._flush_echo()
@@ -184,7 +187,8 @@ class Supervisor:
         else:
             start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
             env, echo = start.env(placement), self._echo
-        self.ranks = LocalRanks(start.command(), start.cwd(), env, placement, self.scratch, self.log_dir, echo=echo)
+        self.ranks = LocalRanks(start.command(), start.cwd(), env, placement, self.scratch, self.log_dir, echo=echo,
+                                spares=self.spares.take() if self.spares is not None else None)
         self.sweeper.track(self.ranks.sessions)
         self._cpu.clear()
         if self.sessions:
@@ -214,6 +218,8 @@ class Supervisor:
                 # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
                 self.abort = "the run monitor ended the ranks"
                 continue
+            if self.spares and self.spares.start_when_settled(self.ranks, attempt, self.answers.beats_itself):
+                self.sweeper.track(self.ranks.sessions | self.spares.pids)
             if self.stop_requested and not stop_sent and not self.sessions:
                 # As torchrun does with the signal it gets: every rank is sent SIGTERM (a script that
                 # handles it saves and exits); the driver ends the workers when its grace runs out.
@@ -297,7 +303,7 @@ class Supervisor:
 
     def _end_orphans(self) -> None:
         keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
-        sessions.end_adopted(keep | {self.sweeper.process.pid})
+        sessions.end_adopted(keep | {self.sweeper.process.pid} | (self.spares.pids if self.spares else set()))
 
     def _copy_logs(self) -> None:
         """On an object store, every rank's log of this node to <run>/logs/ (whole, each time)."""
