@@ -124,7 +124,8 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()),
-                                   script_context=_script_context() if job.kind == "script" else None)
+                                   script_context=_script_context() if job.kind == "script" else None,
+                                   niceness=os.nice(0))
             trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
             where = metrics_endpoint()
             if where:

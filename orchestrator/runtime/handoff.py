@@ -55,6 +55,9 @@ class WorkerConfig:
     # The nonce of the storage marker the driver wrote: each worker must read it back.
     storage_nonce: str | None
     script_context: ScriptContext | None = None
+    # The driver's niceness: a ctx or Lightning job's ranks take it, as a script's take the
+    # shell's (Ray starts its workers, the agents, at 15).
+    niceness: int = 0
 
     def to_config(self) -> dict[str, Any]:
         return {CONFIG_KEY: self}

@@ -25,7 +25,9 @@ with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
 is a spare for the next attempt of a ctx or Lightning rank (spares.py): it imports those modules
 (torch, Lightning, the harness: seconds of a restart) and waits; the agent hands it the attempt's
 environment as one JSON line on its stdin, and it goes on as a rank started afresh would. An
-end of its stdin without a line ends it.
+end of its stdin without a line ends it. It imports at the lowest priority (niceness 19), so
+that the ranks training beside it keep their cores, where it may take its niceness back after
+(root, or RLIMIT_NICE allowing it); at a restart the old ranks are gone and the cores its own.
 """
 
 import collections
@@ -47,6 +49,8 @@ STACK_OFFSET = 24
 # Steps whose intervals the median is taken over, and seconds between its updates.
 INTERVALS_KEPT = 64
 MEDIAN_EVERY_S = 0.5
+# A spare's niceness while it imports.
+SPARE_NICENESS = 19
 # Seconds between looks at the main thread's stack, and the frames compared.
 STACK_LOOK_S = 1.0
 STACK_DEPTH = 32
@@ -182,6 +186,10 @@ def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
     """A spare: the optimizer hook in place, `modules` imported, then the attempt's environment
     from the agent (True), or the end of stdin (False: it was not needed)."""
     _count_optimizer_steps(beat_fd)
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    humble = _may_lower_to(niceness)
+    if humble:
+        os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICENESS)
     for name in modules:
         try:
             importlib.import_module(name)
@@ -190,9 +198,27 @@ def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
     line = sys.stdin.readline()
     if not line.strip():
         return False
+    if humble:  # every thread, those its imports started included (Linux's niceness is per thread)
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            except OSError:
+                pass
     os.environ.clear()
     os.environ.update(json.loads(line))
     return True
+
+
+def _may_lower_to(niceness: int) -> bool:
+    """Whether this process may take `niceness` back after raising it: CAP_SYS_NICE, or RLIMIT_NICE."""
+    try:
+        import resource
+
+        with open("/proc/self/status") as f:
+            caps = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
+        return bool(caps & (1 << 23)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
+    except (ImportError, OSError, ValueError, StopIteration):
+        return False
 
 
 def main(argv: list[str]) -> int:
