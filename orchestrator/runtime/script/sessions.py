@@ -144,6 +144,19 @@ def end_adopted(keep: set[int], wait_s: float = 2.0) -> None:
         time.sleep(0.05)
 
 
+def take_niceness(niceness: int) -> None:
+    """Every thread of this process at `niceness` where it is lower than its own and that is
+    allowed (CAP_SYS_NICE, RLIMIT_NICE); Linux keeps a niceness per thread, and new threads
+    take their creator's. An agent runs at its ranks' priority, as torchrun's agent does:
+    below them, on a busy node, it would hear of their ends late."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) > niceness:
+                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+        except (OSError, ValueError):
+            pass
+
+
 def write_sessions(path: str, sids: set[int]) -> None:
     """The sweeper's list of sessions to end, replaced atomically."""
     with open(path + ".partial", "w") as f:

@@ -25,8 +25,9 @@ from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks
 
 # What a spare imports, by the job's kind: what every rank of that kind imports first.
 SPARE_MODULES = {
-    "torch": ("torch", "orchestrator.runtime.torch.loop", "orchestrator.runtime.rank_main"),
-    "lightning": ("torch", "lightning.pytorch", "orchestrator.runtime.lightning.fit", "orchestrator.runtime.rank_main"),
+    # (rank_main itself is not: it runs as __main__, and runpy warns of a module imported twice.)
+    "torch": ("torch", "orchestrator.runtime.torch.loop", "orchestrator.runtime.session"),
+    "lightning": ("torch", "lightning.pytorch", "orchestrator.runtime.lightning.fit", "orchestrator.runtime.session"),
 }
 # Seconds spares are given to end once they are not needed (they wait on their stdin, doing nothing).
 END_GRACE_S = 0.5

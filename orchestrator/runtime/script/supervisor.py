@@ -104,11 +104,11 @@ class Supervisor:
         self.hostname = socket.gethostname()
         self.run_dir = RunDir.at(config.run_uri)
         self.scratch = make_scratch(SCRATCH_PREFIX)
-        # Where each rank's log is written: the run's logs/ on a local or shared filesystem; on an
-        # object store, this node's scratch, copied to <run>/logs/ at each end of the ranks.
+        # Each rank's log: in the run's logs/, or on an object store this scratch's, copied there.
         self.log_dir = config.log_dir or os.path.join(self.scratch, "logs")
         # Orphans of the ranks' helpers are adopted here, and reaped, wherever they were started.
         sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 1)
+        sessions.take_niceness(config.niceness)  # Ray's workers run at 15; the ranks at the driver's
         self.sweeper = Sweeper(self.scratch)
         # Per rank: its session's CPU seconds at the last beat, and when they last grew.
         self._cpu: dict[int, tuple[float, float]] = {}
