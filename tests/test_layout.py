@@ -1,14 +1,18 @@
 """The package's layout keeps its rules: no import circle, no import from a lower layer to a higher
-one, `import orchestrator` loads neither torch nor Ray, and a spec mistake is refused at once."""
+one, `import orchestrator` loads neither torch nor Ray, a spec mistake is refused at once, and a
+comment that names one of the project's files names one that exists."""
 
 from __future__ import annotations
 
 import ast
+import io
 import os
+import re
 import resource
 import subprocess
 import sys
 import time
+import tokenize
 
 from conftest import REPO
 
@@ -141,3 +145,33 @@ def test_a_spec_with_an_unknown_key_is_refused_within_a_second(tmp_path):
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 1.0, f"{cpu:.2f} s of CPU (the goal is under 1 s)"
     assert took < 10.0, f"{took:.2f} s"
+
+
+# Files that comments name and that are not the project's: other projects' (Ray's job supervisor,
+# torch's DataLoader module, Python's threading) and a user's, in examples.
+NOT_OURS = {"job_supervisor.py", "dataloader.py", "threading.py", "train.py", "main.py", "foo.py"}
+
+
+def _named_files(path: str) -> list[tuple[int, str]]:
+    """The `*.py` files a module's comments and docstrings name, with their lines."""
+    named = []
+    with open(path) as f:
+        for token in tokenize.generate_tokens(io.StringIO(f.read()).readline):
+            if token.type == tokenize.COMMENT or (token.type == tokenize.STRING and token.string[:3] in ('"""', "'''")):
+                named += [(token.start[0], m.group(1)) for m in re.finditer(r"([\w/]+\.py)\b", token.string)]
+    return named
+
+
+def test_every_file_a_comment_names_exists():
+    ours = set()
+    for _, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not d.endswith(".egg-info")]
+        ours.update(files)
+    stale = []
+    for top in ("orchestrator", "tests", "bench", "jobs"):
+        for folder, _, files in os.walk(os.path.join(REPO, top)):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                stale += [f"{os.path.relpath(path, REPO)}:{line} names {named}" for line, named in _named_files(path)
+                          if os.path.basename(named) not in ours | NOT_OURS]
+    assert not stale, "comments name files that do not exist (renamed or removed?):\n" + "\n".join(stale)

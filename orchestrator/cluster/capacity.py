@@ -1,6 +1,6 @@
 """What a run's workers need from the cluster, and how many of them its nodes can hold.
 
-Shared by the driver's capacity reports while a run waits (run_watcher.py) and by the
+Shared by the driver's capacity reports while a run waits (driver/console.py) and by the
 preflight check (`orchestrator doctor`).
 """
 

@@ -49,7 +49,7 @@ class ParquetReadError(OSError):
 
     An OSError without errno, as pyarrow's own error is: the first one is retried as a storage
     hiccup would be, and the same one at the same step after the restart is the data's
-    (faults.py). It takes its message alone, so that a DataLoader worker can raise it again in
+    (failures.py). It takes its message alone, so that a DataLoader worker can raise it again in
     the training process as this type.
     """
 

@@ -1,7 +1,7 @@
 """The driver: spec -> checkpoint choice -> Ray -> TorchTrainer -> progress -> summary.json.
 
 `run()` is the Python API and what the CLI calls. It only wires things together: the choice of
-checkpoint is `resume.py`'s, the Ray connection `cluster.py`'s, the workers' code `runtime/`'s.
+checkpoint is `resume.py`'s, the Ray connection `cluster/connection.py`'s, the workers' code `runtime/`'s.
 """
 
 from __future__ import annotations

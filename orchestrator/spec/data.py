@@ -10,7 +10,7 @@
         shuffle: true
       val: {...}                                          # optional, same fields
 
-Parsed here with spec.py's checkers, so its messages read like every other field's. The input
+Parsed here with spec/fields.py's checkers, so its messages read like every other field's. The input
 itself (files, columns, types, row counts) is checked by `check_data_input` on the driver
 before Ray starts, reading the Parquet footers only.
 """

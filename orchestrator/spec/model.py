@@ -67,11 +67,11 @@ class LightningSpec:
     # writes its own shard of each checkpoint (orchestrator/runtime/lightning/fsdp.py).
     strategy: str = "ddp"
     # deepspeed: the arguments of Lightning's DeepSpeedStrategy (stage, offload, config...),
-    # translated from lightning.trainer.strategy (orchestrator/spec_deepspeed.py); every rank
-    # writes its own DeepSpeed files of each checkpoint (orchestrator/runtime/lightning_deepspeed.py).
+    # translated from lightning.trainer.strategy (orchestrator/spec/deepspeed.py); every rank
+    # writes its own DeepSpeed files of each checkpoint (orchestrator/runtime/lightning/deepspeed.py).
     deepspeed: dict[str, Any] | None = None
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
-    # translated into the checkpoint: section instead: orchestrator/spec_lightning.py).
+    # translated into the checkpoint: section instead: orchestrator/spec/lightning.py).
     callbacks: list[ClassRef] = field(default_factory=list)
     # Lightning loggers, built in every worker (they write from rank 0) into
     # <run>/logs/lightning/<kind>/ unless their init_args name a save_dir.

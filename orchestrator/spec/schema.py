@@ -1,10 +1,10 @@
 """`orchestrator schema`: the JSON Schema of the job spec, for editors that validate and complete
 job YAML (a `# yaml-language-server: $schema=spec.schema.json` line at the top of a spec).
 
-It is generated from the typed spec that validates (the dataclasses of spec.py): each property
+It is generated from the typed spec that validates (the dataclasses of spec/model.py): each property
 comes from a field, with its type from the annotation, its default, and its description from the
 comment written above the field. Where the YAML is written differently from the typed model, the
-difference is stated once, in YAML_SHAPES and the aliases. Validation itself stays in spec.py
+difference is stated once, in YAML_SHAPES and the aliases. Validation itself stays in spec/validate.py
 (the schema cannot express every rule: a global batch that every world size can split, say).
 """
 

@@ -1,6 +1,6 @@
 """The LightningDataModule built from the spec's `data:` section, for Lightning jobs that give no
 `lightning.data`: its loaders read the Parquet inputs (parquet.py). The training loader is then
-taken over by the global order like any other (runtime/lightning_fit.py), so it resumes
+taken over by the global order like any other (runtime/lightning/fit.py), so it resumes
 mid-epoch at any world size."""
 
 from __future__ import annotations
