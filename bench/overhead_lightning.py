@@ -22,9 +22,9 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.lightning_data import SyntheticData
 from bench.workload import build_dataset, build_model
 
 
@@ -58,16 +58,8 @@ class WorkloadModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
 
-class WorkloadData(pl.LightningDataModule):
-    def __init__(self, samples: int, batch_size: int = 128):
-        super().__init__()
-        self.samples, self.batch_size = samples, batch_size
-
-    def setup(self, stage: str):
-        self.train_set = build_dataset(self.samples)
-
-    def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+class WorkloadData(SyntheticData):
+    build = staticmethod(build_dataset)
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ import time
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.lightning_data import SyntheticData
 from bench.torchrun_ctx_job import build_dataset, build_model, event, hurt_once
 
 
@@ -88,16 +88,8 @@ class FaultyMLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
-class MLPData(pl.LightningDataModule):
-    def __init__(self, samples: int = 4096, batch_size: int = 64):
-        super().__init__()
-        self.samples, self.batch_size = samples, batch_size
-
-    def setup(self, stage: str):
-        self.train_set = build_dataset(self.samples)
-
-    def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+class MLPData(SyntheticData):
+    build = staticmethod(build_dataset)
 
 
 def main() -> None:
