@@ -270,7 +270,7 @@ class Command:
 def _reap_embedded_clusters(state_dir: str) -> int:
     """Kill, by pid, the processes of embedded Ray clusters whose driver died without ending them
     (the driver's record is left in the private state dir then)."""
-    from orchestrator.cluster.processes import is_alive, session_pids
+    from orchestrator.processes import is_alive, session_pids
 
     killed = 0
     for record in glob.glob(os.path.join(state_dir, "driver-*.json")):

@@ -4,17 +4,20 @@
     result = orchestrator.run("jobs/quickstart.yaml", scaling__num_workers=2)
     print(result.status, result.metrics, result.weights_sha256)
 
-Which folder runs where (each imports only from the folders listed above it; tests/test_layout.py):
-    errors, storage, run_dir, failures   shared by every process: errors, files, the run's folder
-    data/        the global sample order and Parquet reading (driver checks, worker loading)
-    spec/        the job spec, loaded and validated in the driver; knows nothing of Ray
-    cluster/     the driver's connection to Ray: embedded and warm clusters, their processes
-    checkpoint/  the store: commits, manifests, the writer lease (driver and workers)
-    observe/     metrics, goodput, summary.json, status: what a run reports
-    runtime/     runs in a Ray Train worker (a node's agent, script/) and in the rank children it
-                 starts (rank_main.py, the session, the torch/ and lightning/ paths)
-    driver/      runs in the driver: resume decision, launch, monitor, watchdog, console, doctor
-    cli/         one module per command; the driver and runtime meet only in runtime/handoff.py
+Which process runs each folder (each imports only from the rows above it; tests/test_layout.py checks both):
+    errors, storage, run_dir, failures,   every process: errors, files, the run's folder, what failed,
+    protocol, processes, ray_private      the typed messages, processes by id, Ray's private API
+    data/           the driver (its input check) and the ranks (loading): the global sample order, Parquet
+    spec/           the driver: the job spec parsed and validated, nothing more; knows nothing of Ray
+    cluster/        the driver: its connection to Ray, embedded and warm clusters, their records
+    checkpoint/     the driver (choosing, listing) and the ranks (saving): the store, its manifests, the lease
+    observe/        the monitor and agents (metrics) and the driver (goodput, summary.json)
+    worker_config   every process of a run: what the driver hands each agent, and each agent its ranks
+    rank/           each rank child of a node's agent: the torch and Lightning harnesses, a script's bootstrap
+    agent/          each Ray Train worker: a node's agent, which starts and restarts its rank children
+    monitor/        Ray actors: the run monitor (attempts, hang watchdog) and Ray Train's controller callback
+    driver/         the driver process alone: resume decision, launch, console, signals
+    cli/            the command's process, one module per command (doctor's probes run on each node)
 """
 
 from orchestrator.errors import CheckpointError, OrchestratorError, RunStopped, SpecError, TrainingFailed, UserError

@@ -29,7 +29,7 @@ the same error, so the controller calls it the user's (their data) and stops. A 
 only when it came back on another node.
 
 A worker's exception is classified where it was raised (the worker still has its traceback);
-errors of workers that died are classified on Ray Train's controller (driver/classifier.py).
+errors of workers that died are classified on Ray Train's controller (monitor/classifier.py).
 When one rank's bug makes its peers see only communication errors, the run fails as that bug.
 """
 

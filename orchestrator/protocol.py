@@ -136,7 +136,7 @@ class RestartInPlace(Event):
 
 @dataclass(kw_only=True)
 class Hang(Event):
-    """The hang watchdog's verdict on an attempt (driver/watchdog.py): which ranks, and why."""
+    """The hang watchdog's verdict on an attempt (monitor/watchdog.py): which ranks, and why."""
 
     kind: ClassVar[str] = "hang"
     attempt: int
@@ -149,7 +149,7 @@ class Hang(Event):
 
 @dataclass(kw_only=True)
 class Failure(Event):
-    """A failure of the whole group, classified on Ray Train's controller (driver/classifier.py)."""
+    """A failure of the whole group, classified on Ray Train's controller (monitor/classifier.py)."""
 
     kind: ClassVar[str] = "failure"
     classification: str
@@ -226,7 +226,7 @@ class AttemptBegun:
     latest_uri: str | None = None
 
 
-# --- the verdict on an attempt whose ranks restart in place (driver/attempts.py) --------------------
+# --- the verdict on an attempt whose ranks restart in place (monitor/attempts.py) --------------------
 
 WAIT, RESTART, FAIL, FINISH, STOPPED = "wait", "restart", "fail", "finish", "stopped"
 

@@ -20,7 +20,7 @@ import torch
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore, Manifest, Serialized, loads_state
 from orchestrator.checkpoint.manifest import library_versions
-from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.rank.fingerprint import weights_sha256
 
 STEPS = 5
 KEEP_LAST = 1

@@ -22,7 +22,7 @@ import time
 import torch.distributed as dist
 
 from orchestrator.failures import classify
-from orchestrator.runtime import collectives
+from orchestrator.rank import collectives
 from orchestrator.spec import FailureSpec
 
 

@@ -97,7 +97,7 @@ def test_one_agent_runs_a_nodes_ranks_and_restarts_them_in_place_with_the_weight
     # One agent: every start of either rank has the same parent.
     assert len({s["ppid"] for s in seen}) == 1
     # The restarted ranks' processes were its spares, started before the fault: the restart did
-    # not wait for Python, torch and Lightning to import (runtime/script/spares.py).
+    # not wait for Python, torch and Lightning to import (agent/spares.py).
     fault_at = os.path.getmtime(faults[0]["marker"])
     assert all(s["created"] < fault_at for s in seen if s["restart_count"] == 1), (seen, fault_at)
     assert result.global_step == clean.global_step

@@ -20,7 +20,7 @@ from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore, Manifest, loads_state
 from orchestrator.checkpoint.manifest import MANIFEST_NAME, SUPERSEDED_NAME
 from orchestrator.driver import resume
-from orchestrator.runtime.fingerprint import weights_sha256
+from orchestrator.rank.fingerprint import weights_sha256
 from orchestrator.spec import validate
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from itertools import pairwise
 
-from orchestrator.runtime.cadence import AGREEMENT_INTERVAL_S, MAX_STEPS_BETWEEN_AGREEMENTS, SaveCadence
+from orchestrator.rank.cadence import AGREEMENT_INTERVAL_S, MAX_STEPS_BETWEEN_AGREEMENTS, SaveCadence
 from orchestrator.spec import CheckpointSpec
 
 

@@ -26,7 +26,7 @@ from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state, file
 from orchestrator.checkpoint.files import CheckpointUnreadable
 from orchestrator.checkpoint.manifest import MANIFEST_NAME, SUPERSEDED_NAME
 from orchestrator.failures import INFRASTRUCTURE, WorkerFailure, classify
-from orchestrator.runtime.session import choose_resume_point
+from orchestrator.rank.session import choose_resume_point
 from orchestrator.storage import Location
 
 EVERY_TIME = 10**9

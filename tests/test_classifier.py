@@ -1,4 +1,4 @@
-"""Ray Train's controller callback (driver/classifier.py) decides, for each failure of a worker
+"""Ray Train's controller callback (monitor/classifier.py) decides, for each failure of a worker
 group, how it is classified, what the run monitor records, and whether the run ends without a retry.
 No Ray cluster: the exceptions are real (raised, and wrapped as a worker wraps them), and the
 monitor's view of the run comes from a real RunMonitor object, fed the events its workers push."""
@@ -15,8 +15,6 @@ import ray
 import torch
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
-from orchestrator.driver.classifier import FailureClassifier, classify_failure
-from orchestrator.driver.monitor import RunMonitor
 from orchestrator.errors import LeaseLost
 from orchestrator.failures import (
     DIED,
@@ -31,6 +29,8 @@ from orchestrator.failures import (
     UserCodeFailed,
     WorkerFailure,
 )
+from orchestrator.monitor.actor import RunMonitor
+from orchestrator.monitor.classifier import FailureClassifier, classify_failure
 from orchestrator.protocol import RankStarted
 
 HANG_TIMEOUT_S = 30.0
@@ -61,7 +61,7 @@ def _raised(function) -> BaseException:
 
 
 def _worker(function, rank: int, step: int | None = 7) -> WorkerFailure:
-    """What a worker raises when its training code raises (runtime/worker.py)."""
+    """What a worker raises when its training code raises (agent/worker.py)."""
     return WorkerFailure.from_exception(_raised(function), rank, step=step)
 
 
@@ -187,7 +187,7 @@ def test_restarts_used_up_end_the_run_with_the_last_failure_but_a_bug_still_ends
 def test_the_callback_classifies_and_ends_the_run_even_when_the_monitor_cannot_be_reached(caplog):
     # No monitor to ask or to tell (None: every call to it fails, as to a dead actor's handle).
     callback = FailureClassifier(None, HANG_TIMEOUT_S)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.driver.classifier"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.monitor.classifier"):
         with pytest.raises(UserCodeFailed, match=r"^rank 0: ValueError: invalid literal"):
             callback.after_exception(None, {0: _worker(_bug, 0)})
     assert "could not record the failure with the run monitor" in caplog.text

@@ -6,7 +6,7 @@ DataLoader worker killed by SIGKILL (the OOM killer) is retried, naming the rank
 The exceptions are real: pyarrow's error reading a damaged file, torch.AcceleratorError with
 CUDA's own text, LeaseLost from a real takeover of a run directory, torch's own error for a
 DataLoader worker the test kills. Failures go through Ray Train's controller callback's decision
-(driver/classifier.py), with the run monitor's view of where each rank ran."""
+(monitor/classifier.py), with the run monitor's view of where each rank ran."""
 
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ from orchestrator import storage
 from orchestrator.checkpoint.lease import RunLease
 from orchestrator.data import parquet
 from orchestrator.data.parquet import Column, ParquetDataset, ParquetSource
-from orchestrator.driver.classifier import classify_failure
 from orchestrator.driver.console import RunWatcher, describe_failure
-from orchestrator.driver.monitor import RunMonitor
 from orchestrator.driver.resume import ResumeChoice
 from orchestrator.failures import (
     INFRASTRUCTURE,
@@ -41,6 +39,8 @@ from orchestrator.failures import (
     classify,
     describe_ray_error,
 )
+from orchestrator.monitor.actor import RunMonitor
+from orchestrator.monitor.classifier import classify_failure
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.protocol import Failure, RankStarted
 from orchestrator.run_dir import RunDir
@@ -190,7 +190,7 @@ def test_out_of_memory_and_a_lost_gpu_as_the_driver_says_it():
 def test_a_gpu_fault_names_the_node_and_how_to_drain_it(tmp_path):
     failure = WorkerFailure.from_exception(_cuda_error("uncorrectable ECC error encountered", 214), rank=1, step=40)
     node = "5f3a9c0e7d21" + "0" * 44
-    # Ray Train's controller classifies it, knowing where rank 1 ran (driver/classifier.py).
+    # Ray Train's controller classifies it, knowing where rank 1 ran (monitor/classifier.py).
     decision = classify_failure({1: failure}, _view({1: (node, "gpu-node-7", 4242)}), hang_timeout_s=30)
     assert decision.kind == INFRASTRUCTURE and decision.end is None
     record = decision.records[0]

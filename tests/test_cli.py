@@ -17,7 +17,7 @@ from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.cluster.processes import session_pids
+from orchestrator.processes import session_pids
 
 
 def _assert_user_error(result, *fragments):

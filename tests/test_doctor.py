@@ -11,7 +11,7 @@ import yaml
 from conftest import run_cli
 from specs import torch_spec
 
-from orchestrator.driver.doctor import gloo_check, interface_problem
+from orchestrator.cli.doctor_checks import gloo_check, interface_problem
 
 LOOPBACK_ONLY = ["lo"]
 TWO = ["eth0", "ib0", "lo"]

@@ -10,7 +10,6 @@ import pytest
 import torch.distributed as dist
 
 from orchestrator.driver.signals import JOB_STOP_MARGIN_S, grace_seconds
-from orchestrator.driver.watchdog import HangWatchdog
 from orchestrator.failures import (
     HANG,
     INFRASTRUCTURE,
@@ -21,6 +20,7 @@ from orchestrator.failures import (
     describe_ray_error,
     raised_at,
 )
+from orchestrator.monitor.watchdog import HangWatchdog
 from orchestrator.observe import goodput
 from orchestrator.protocol import Beat, Failure, Finished, Progress, RankStarted
 

@@ -1,4 +1,4 @@
-"""The gloo side group beside NCCL (runtime/collectives.py) on a real 2-process torch world.
+"""The gloo side group beside NCCL (rank/collectives.py) on a real 2-process torch world.
 
 It is formed before any heartbeat, so nothing but its own timeout ends a group that never forms
 (a host name that resolves to 127.0.1.1 without GLOO_SOCKET_IFNAME): that timeout is the spec's

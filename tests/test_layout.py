@@ -16,29 +16,40 @@ import tokenize
 
 from conftest import REPO
 
+import orchestrator
+
 PACKAGE = os.path.join(REPO, "orchestrator")
-# Lowest first. A module may import from its own layer and the ones below it, never above.
-LAYERS = [
-    ("orchestrator.errors", "orchestrator.storage", "orchestrator.run_dir", "orchestrator.failures",
-     "orchestrator.protocol"),
-    ("orchestrator.data",),
-    ("orchestrator.spec",),
-    ("orchestrator.cluster",),
-    ("orchestrator.checkpoint",),
-    ("orchestrator.observe",),
-    ("orchestrator.runtime",),
-    ("orchestrator.driver",),
-    ("orchestrator.cli", "orchestrator.__main__"),
-]
+
+
+def table_rows() -> list[tuple[str, ...]]:
+    """The rows of the package docstring's table "Which process runs each folder", top first: each
+    row's folders and top-level modules (a names column that ends in a comma goes on below)."""
+    lines = orchestrator.__doc__.split("Which process runs each folder")[1].splitlines()[1:]
+    rows, names = [], []
+    for line in lines:
+        if not line.startswith("    "):
+            break
+        column = re.split(r"\s{2,}", line.strip())[0]
+        names += [name.strip().rstrip("/") for name in column.split(",") if name.strip()]
+        if not column.endswith(","):
+            rows.append(tuple(names))
+            names = []
+    return rows
+
+
+# Lowest first: the table's rows. A module may import from its own layer and the ones below it, never above.
+LAYERS = [tuple(f"orchestrator.{name}" for name in row) for row in table_rows()]
+LAYERS[-1] += ("orchestrator.__main__",)  # `python -m orchestrator`: the command line
+
+
 # Modules longer than MAX_LINES, each holding one idea that splitting would scatter.
 MAX_LINES = 420
 LONG_BUT_ONE_IDEA = {
     "orchestrator.checkpoint.store": "the commit protocol: reading, committing, sharded commits, deleting",
     "orchestrator.checkpoint.lease": "one writer per run: claims, heartbeats, takeover, fence",
-    "orchestrator.runtime.lightning.fit": "the Lightning harness: its callback, CheckpointIO and resume",
-    "orchestrator.runtime.torch.loop": "the ctx API: TrainContext and its resumable loader",
-    "orchestrator.runtime.session": "a worker's session: resume point, saving, progress",
-    "orchestrator.driver.doctor": "the preflight checks, each a short function",
+    "orchestrator.rank.lightning.fit": "the Lightning harness: its callback, CheckpointIO and resume",
+    "orchestrator.rank.torch.loop": "the ctx API: TrainContext and its resumable loader",
+    "orchestrator.rank.session": "a worker's session: resume point, saving, progress",
     "orchestrator.spec.validate": "the validation rules of every section",
 }
 
@@ -121,6 +132,24 @@ def test_no_module_imports_from_a_higher_layer():
     assert all(layer(m) is not None for m in graph if m != "orchestrator"), "a module outside every layer"
 
 
+def test_the_package_table_names_every_folder_and_top_level_module_once():
+    named = [name for row in table_rows() for name in row]
+    present = sorted(entry.removesuffix(".py") for entry in os.listdir(PACKAGE)
+                     if entry not in ("__init__.py", "__main__.py", "__pycache__")
+                     and (entry.endswith(".py") or os.path.isfile(os.path.join(PACKAGE, entry, "__init__.py"))))
+    assert sorted(named) == present
+
+
+def test_the_rank_bootstrap_exists_and_its_folder_shadows_nothing_a_rank_imports():
+    """A rank child runs bootstrap.py by its path, so its folder comes first on the child's sys.path:
+    a `torch/` or `lightning/` beside it would be imported in place of the real one."""
+    from orchestrator.agent.children import BOOTSTRAP
+
+    assert os.path.isfile(BOOTSTRAP)
+    beside = {entry for entry in os.listdir(os.path.dirname(BOOTSTRAP)) if entry != "__pycache__"}
+    assert beside == {"__init__.py", "bootstrap.py"}
+
+
 def test_modules_stay_short_unless_they_hold_one_idea():
     long = {m for m, path in modules().items() if sum(1 for _ in open(path)) > MAX_LINES}
     assert long == set(LONG_BUT_ONE_IDEA)
@@ -163,15 +192,23 @@ def _named_files(path: str) -> list[tuple[int, str]]:
 
 
 def test_every_file_a_comment_names_exists():
+    """A bare name must be one of the project's files; a name with folders must be the end of one's path."""
     ours = set()
-    for _, dirs, files in os.walk(REPO):
+    for folder, dirs, files in os.walk(REPO):
         dirs[:] = [d for d in dirs if not d.startswith(".") and not d.endswith(".egg-info")]
-        ours.update(files)
+        ours.update("/" + os.path.relpath(os.path.join(folder, name), REPO) for name in files)
+    names = {path.rsplit("/", 1)[1] for path in ours} | NOT_OURS
+
+    def exists(named: str) -> bool:
+        if "/" not in named or named.rsplit("/", 1)[1] in NOT_OURS:
+            return named.rsplit("/", 1)[-1] in names
+        return any(path.endswith("/" + named.lstrip("/")) for path in ours)
+
     stale = []
     for top in ("orchestrator", "tests", "bench", "jobs"):
         for folder, _, files in os.walk(os.path.join(REPO, top)):
             for name in (f for f in files if f.endswith(".py")):
                 path = os.path.join(folder, name)
                 stale += [f"{os.path.relpath(path, REPO)}:{line} names {named}" for line, named in _named_files(path)
-                          if os.path.basename(named) not in ours | NOT_OURS]
+                          if not exists(named)]
     assert not stale, "comments name files that do not exist (renamed or removed?):\n" + "\n".join(stale)

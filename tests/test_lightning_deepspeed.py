@@ -218,7 +218,7 @@ def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    from orchestrator.runtime.lightning.deepspeed import plain_deepspeed_objects, with_deepspeed_objects
+    from orchestrator.rank.lightning.deepspeed import plain_deepspeed_objects, with_deepspeed_objects
 
     # As DeepSpeed's ZeRO optimizer state_dict() holds them (measured for stages 1-3, fp32 and bf16).
     scaler = DynamicLossScaler(init_scale=2 ** 16, scale_window=1000, min_scale=1, delayed_shift=2,
@@ -235,7 +235,7 @@ def test_deepspeeds_own_objects_in_its_states_load_back_without_unpickling():
 
 
 def test_deepspeed_reads_the_resumed_files_from_memory_as_often_as_it_asks_and_the_rest_from_the_store():
-    from orchestrator.runtime.lightning.deepspeed import StoreFiles
+    from orchestrator.rank.lightning.deepspeed import StoreFiles
 
     reads = []
     files = StoreFiles(read=lambda name: reads.append(name) or {"from": "store", "name": name})

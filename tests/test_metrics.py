@@ -1,4 +1,4 @@
-"""The run's metrics (orchestrator/metrics.py): what the driver derives from the run's events, and
+"""The run's metrics (orchestrator/observe/metrics.py): what the driver derives from the run's events, and
 a real run's metrics scraped from its node's Prometheus endpoint."""
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from conftest import REPO, run_cli
 
 from orchestrator.data.order import GlobalOrderSampler, rank_steps
 from orchestrator.data.parquet import Column, DataError, ParquetDataset, ParquetSource
+from orchestrator.data.sources import check_data_input
 from orchestrator.spec import validate
-from orchestrator.spec.data import check_data_input
 
 
 def write_ids(path, rows: int, row_group: int, *, files: int = 1, width: int = 2) -> str:

@@ -8,9 +8,9 @@ import pytest
 from cli_runs import run_spec
 from specs import lightning_spec, torch_spec
 
-from orchestrator.driver.watchdog import HangWatchdog
+from orchestrator.monitor.watchdog import HangWatchdog
 from orchestrator.protocol import Beat
-from orchestrator.runtime.heartbeat import STARTING, TRAINING, VALIDATION, Heartbeat
+from orchestrator.rank.heartbeat import STARTING, TRAINING, VALIDATION, Heartbeat
 from orchestrator.spec import SpecError, validate
 
 LIMITS = {"starting": 100.0, "checkpoint": 20.0, "finishing": 30.0}

@@ -1,5 +1,5 @@
 """The package uses only public APIs of Ray, Lightning and torch, but for the private uses wrapped
-in orchestrator/cluster/ray_private.py (each checked against the Ray versions it was read in). A new
+in orchestrator/ray_private.py (each checked against the Ray versions it was read in). A new
 private name anywhere fails this test, naming where it is."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import REPO
 LIBRARIES = ("ray", "torch", "lightning", "pytorch_lightning", "deepspeed")
 # Where a private name may be used, and which: what Ray offers no public way to do.
 ALLOWED = {
-    "orchestrator/cluster/ray_private.py": {
+    "orchestrator/ray_private.py": {
         "ray._private.authentication.authentication_token_setup._enable_token_auth",
         "ray._raylet.AuthenticationTokenLoader",
         "ray._raylet.Config",

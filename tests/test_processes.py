@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from orchestrator.cluster.processes import descendants, is_alive
+from orchestrator.processes import descendants, is_alive
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 # A child that starts a grandchild, prints the grandchild's pid, and waits for it.

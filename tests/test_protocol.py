@@ -7,7 +7,7 @@ import json
 import pickle
 
 from orchestrator import protocol
-from orchestrator.driver.monitor import RunMonitor
+from orchestrator.monitor.actor import RunMonitor
 from orchestrator.protocol import (
     FINISH,
     RESTART,

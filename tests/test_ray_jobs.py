@@ -30,7 +30,7 @@ from specs import torch_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.cluster.processes import is_alive, session_pids
+from orchestrator.processes import is_alive, session_pids
 
 pytestmark = pytest.mark.slow
 

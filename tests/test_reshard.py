@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port
 
-from orchestrator.runtime.sharding import dim0_rows, load_local_state, local_state, reshard_states, shard_model
+from orchestrator.rank.sharding import dim0_rows, load_local_state, local_state, reshard_states, shard_model
 
 
 def _model() -> torch.nn.Module:

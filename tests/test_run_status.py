@@ -13,8 +13,8 @@ from conftest import run_cli
 
 from orchestrator.checkpoint import CheckpointStore, Manifest, dumps_state
 from orchestrator.checkpoint.lease import RunLease
+from orchestrator.cli.run_states import run_states
 from orchestrator.observe.result import RunResult, write_summary
-from orchestrator.observe.status import run_states
 from orchestrator.run_dir import RunDir
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.agent.supervisor import SCRATCH_PREFIX as SCRIPT_PREFIX
 from orchestrator.errors import UserError
-from orchestrator.runtime.lightning.fit import SCRATCH_PREFIX as LIGHTNING_PREFIX
-from orchestrator.runtime.metric_values import metric_floats
-from orchestrator.runtime.scratch import make_scratch
-from orchestrator.runtime.script.supervisor import SCRATCH_PREFIX as SCRIPT_PREFIX
+from orchestrator.rank.lightning.fit import SCRATCH_PREFIX as LIGHTNING_PREFIX
+from orchestrator.rank.metric_values import metric_floats
+from orchestrator.rank.scratch import make_scratch
 
 
 @pytest.mark.parametrize("prefix", [LIGHTNING_PREFIX, SCRIPT_PREFIX])

@@ -13,10 +13,10 @@ import time
 import pytest
 from conftest import wait_for
 
-from orchestrator.driver.watchdog import HangWatchdog
+from orchestrator.agent.children import BOOTSTRAP, LocalRanks, Placement
+from orchestrator.monitor.watchdog import HangWatchdog
 from orchestrator.protocol import Beat
-from orchestrator.runtime.heartbeat import FINISHED, WORKING
-from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
+from orchestrator.rank.heartbeat import FINISHED, WORKING
 
 LIMIT = 10.0
 

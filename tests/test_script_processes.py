@@ -16,8 +16,8 @@ import time
 import pytest
 from conftest import REPO, wait_for
 
-from orchestrator.cluster.processes import is_alive
-from orchestrator.runtime.script.children import TERM_GRACE_S, LocalRanks, Placement
+from orchestrator.agent.children import TERM_GRACE_S, LocalRanks, Placement
+from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,7 +100,7 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace(tmp_path):
 AGENT = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    from orchestrator.runtime.script.children import LocalRanks, Placement, Sweeper
+    from orchestrator.agent.children import LocalRanks, Placement, Sweeper
     folder, with_sweeper = sys.argv[1], sys.argv[2] == "sweeper"
     placement = Placement(0, 1, 2, "127.0.0.1", 29500, 1, 0, "agent")
     sweeper = Sweeper(folder) if with_sweeper else None

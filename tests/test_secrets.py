@@ -29,7 +29,7 @@ def _spec(**env: str):
 
 
 def _manifest(spec) -> Manifest:
-    """The manifest the rank session builds for a save (runtime/session.py, Session.commit)."""
+    """The manifest the rank session builds for a save (rank/session.py, Session.commit)."""
     return Manifest(step=10, epoch=0, batch_in_epoch=10, world_size=1, kind=spec.kind, files={},
                     strategy=spec.strategy, spec=spec.to_record())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.runtime.snapshot import SnapshotBuffers
+from orchestrator.rank.snapshot import SnapshotBuffers
 
 
 def _state():

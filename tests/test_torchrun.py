@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, free_port, run_cli, scratch_in, wait_for
 from node_faults import kill_node
 
-from orchestrator.cluster.processes import is_alive
+from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.slow
 

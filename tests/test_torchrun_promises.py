@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 
 from orchestrator import storage
-from orchestrator.cluster.processes import is_alive
+from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.slow
 

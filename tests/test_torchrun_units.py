@@ -15,12 +15,12 @@ import time
 import pytest
 from conftest import REPO, run_cli, wait_for
 
+from orchestrator.agent.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
-from orchestrator.driver.attempts import SETTLE_S, InPlaceAttempts
 from orchestrator.errors import SpecError, UserError
+from orchestrator.monitor.attempts import SETTLE_S, InPlaceAttempts
 from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
-from orchestrator.runtime.script.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.spec import resolve_spec
 
 SEED = os.path.join("tests", "torchrun_seed.py")
@@ -377,7 +377,7 @@ def test_a_rank_takes_the_users_niceness_instead_of_the_one_ray_gives_its_worker
 def test_rank_0s_output_is_held_bounded_until_the_driver_takes_it_and_then_forgotten():
     """A script printing for a day costs the run monitor no memory: it holds at most a bounded
     backlog (the oldest lines dropped and counted), and nothing once the driver took it."""
-    from orchestrator.driver.monitor import OutputBuffer
+    from orchestrator.monitor.actor import OutputBuffer
 
     buffer = OutputBuffer(held=100)
     buffer.add([f"line {i}" for i in range(60)])

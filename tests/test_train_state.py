@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from orchestrator.checkpoint import dumps_state, loads_state
-from orchestrator.runtime.rng import capture_rng, restore_rng, seed_everything
-from orchestrator.runtime.train_state import Progress, TrainState
+from orchestrator.rank.rng import capture_rng, restore_rng, seed_everything
+from orchestrator.rank.train_state import Progress, TrainState
 
 
 def _training_objects(steps: int, seed: int):

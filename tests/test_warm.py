@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from orchestrator.cluster.processes import end_processes, session_pids
+from orchestrator.processes import end_processes, session_pids
 
 pytestmark = pytest.mark.slow
 

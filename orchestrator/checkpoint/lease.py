@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 
 from orchestrator import storage
-from orchestrator.cluster.processes import is_alive
 from orchestrator.errors import LeaseLost, UserError
+from orchestrator.processes import is_alive
 from orchestrator.run_dir import RunDir
 from orchestrator.storage import Location
 

@@ -16,7 +16,7 @@ def add(commands) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from orchestrator.observe.checkpoints import show
+    from orchestrator.cli.checkpoint_table import show
 
     text, infos = show(args.run, storage_uri=args.storage, verify=args.verify)
     print(text)

@@ -30,8 +30,8 @@ def handle(args: argparse.Namespace) -> int:
         spec = resolve_spec(args.spec, dict(parse_set_option(option) for option in args.overrides))
     elif args.overrides:
         raise UserError("--set needs a job spec to override. Fix: `orchestrator doctor SPEC --set KEY=VALUE`.")
+    from orchestrator.cli.doctor_checks import diagnose
     from orchestrator.cluster import connection as cluster
-    from orchestrator.driver.doctor import diagnose
 
     cluster.check_address(args.address)
     report = diagnose(spec, args.address, storage_uri=args.storage, check_gloo=args.check_gloo)

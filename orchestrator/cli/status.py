@@ -16,7 +16,7 @@ def add(commands) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from orchestrator.observe.status import as_json, run_states, table
+    from orchestrator.cli.run_states import as_json, run_states, table
 
     records = run_states(args.storage, args.run)
     print(as_json(records) if args.json else table(records))

@@ -23,10 +23,11 @@ from pathlib import Path
 import ray
 from ray.exceptions import AuthenticationError
 
-from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early, restore_environ
-from orchestrator.cluster.processes import end_processes, is_alive, session_pids, state_dir
-from orchestrator.cluster.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth, restore_token_auth
+from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
+from orchestrator.cluster.records import state_dir
 from orchestrator.errors import UserError
+from orchestrator.processes import end_processes, is_alive, session_pids
+from orchestrator.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth, restore_environ, restore_token_auth
 
 log = logging.getLogger(__name__)
 

@@ -72,12 +72,3 @@ QUIET_RAY_ENV = {
     # Do not ask for usage stats on an embedded, throwaway cluster.
     "RAY_USAGE_STATS_ENABLED": "0",
 }
-
-
-def restore_environ(saved: dict[str, str | None]) -> None:
-    """Put environment variables back as they were (None: it was not set)."""
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value

@@ -31,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from orchestrator.cluster.environment import QUIET_RAY_ENV
-from orchestrator.cluster.processes import descendants, end_processes, session_pids, state_dir, terminate
+from orchestrator.cluster.records import state_dir
 from orchestrator.errors import UserError
+from orchestrator.processes import descendants, end_processes, session_pids, terminate
 
 RECORD_NAME = "warm-cluster.json"
 # Seconds `up` waits for `ray start`, and `down` for the processes to end after SIGTERM. Short:

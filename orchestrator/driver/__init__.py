@@ -1,2 +1,2 @@
-"""Runs in the driver: the one resume decision, launch, the run monitor and its hang watchdog,
-the console, signals, recovery settings and preflight checks (doctor)."""
+"""Runs in the driver process alone: the one resume decision, launch, the console, stop signals and
+the Ray and torch timeouts a run is given (failure_timeouts.py)."""

@@ -1,7 +1,8 @@
 """The driver: spec -> checkpoint choice -> Ray -> TorchTrainer -> progress -> summary.json.
 
 `run()` is the Python API and what the CLI calls. It only wires things together: the choice of
-checkpoint is `resume.py`'s, the Ray connection `cluster/connection.py`'s, the workers' code `runtime/`'s.
+checkpoint is `resume.py`'s, the Ray connection `cluster/connection.py`'s, what each node runs
+`agent/`'s and `rank/`'s.
 """
 
 from __future__ import annotations
@@ -19,26 +20,26 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import storage
+from orchestrator.agent.worker import train_worker
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import LeaseLost, RunLease, refuse_if_held_here
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.environment import QUIET_RAY_ENV
+from orchestrator.data.sources import check_data_input
 from orchestrator.driver import resume
-from orchestrator.driver.classifier import FailureClassifier
 from orchestrator.driver.console import Console, RunWatcher, describe_failure, taken_over_message
-from orchestrator.driver.monitor import start_monitor
-from orchestrator.driver.recovery import recovery_settings
+from orchestrator.driver.failure_timeouts import recovery_settings
 from orchestrator.driver.signals import StopSignals
 from orchestrator.errors import RunStopped, TrainingFailed, UserError
+from orchestrator.monitor.actor import start_monitor
+from orchestrator.monitor.classifier import FailureClassifier
 from orchestrator.observe.goodput import compute as compute_goodput
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.run_dir import RunDir, write_storage_marker
-from orchestrator.runtime.handoff import LeaseFence, ScriptContext, WorkerConfig
-from orchestrator.runtime.worker import train_worker
 from orchestrator.spec import JobSpec, resolve_spec
-from orchestrator.spec.data import check_data_input
+from orchestrator.worker_config import LeaseFence, ScriptContext, WorkerConfig
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
 # Seconds the driver waits for ended workers to be torn down after a stop's grace period.
@@ -121,12 +122,12 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         try:
             monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits,
                                     max_restarts=job.failure.max_failures)
-            handoff = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
+            worker_config = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()),
                                    script_context=_script_context() if job.kind == "script" else None,
                                    niceness=os.nice(0))
-            trainer = _build_trainer(job, handoff, None if connection.job_env_applied else worker_env)
+            trainer = _build_trainer(job, worker_config, None if connection.job_env_applied else worker_env)
             where = metrics_endpoint()
             if where:
                 say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
@@ -276,16 +277,16 @@ def _save_summary(run_dir, result: RunResult, say: Console) -> None:
             "the only record of it")
 
 
-def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, str] | None) -> TorchTrainer:
+def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[str, str] | None) -> TorchTrainer:
     scaling = job.scaling
     elastic = scaling.elastic
     resources = dict(scaling.resources_per_worker)
     if scaling.use_gpu:
         resources.setdefault("GPU", 1.0)
-    ray_dir = RunDir.at(handoff.run_uri).ray
+    ray_dir = RunDir.at(worker_config.run_uri).ray
     return TorchTrainer(
         train_loop_per_worker=train_worker,
-        train_loop_config=handoff.to_config(),
+        train_loop_config=worker_config.to_config(),
         torch_config=TorchConfig(timeout_s=job.failure.collective_timeout_s),
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic policy sizes each start to what the cluster holds.
@@ -300,13 +301,13 @@ def _build_trainer(job: JobSpec, handoff: WorkerConfig, worker_env: dict[str, st
             name=f"{job.name}-{int(time.time())}",
             storage_path=ray_dir.uri if not ray_dir.is_local else ray_dir.path,
             # A fixed-size worker group that cannot be placed within capacity_timeout_s (Ray
-            # Train's start timeout, see recovery.py) is given up on, not retried: the run says
+            # Train's start timeout, see failure_timeouts.py) is given up on, not retried: the run says
             # what it lacked. An elastic one retries a short start timeout at the size the
             # cluster holds then.
             failure_config=FailureConfig(max_failures=job.failure.max_failures,
                                          max_preemption_failures=job.failure.max_preemptions,
                                          controller_failure_limit=-1 if elastic else 0),
-            callbacks=[FailureClassifier(handoff.monitor, job.failure.hang_timeout_s)],
+            callbacks=[FailureClassifier(worker_config.monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             # Only when the job itself could not be given the workers' variables (cluster.connect).
             worker_runtime_env={"env_vars": worker_env} if worker_env else None,

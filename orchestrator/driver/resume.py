@@ -18,6 +18,7 @@ from orchestrator.checkpoint import CheckpointStore, Manifest
 from orchestrator.checkpoint.manifest import redact_env, written_strategy
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.spec import JobSpec
+from orchestrator.spec.deepspeed import deepspeed_precision, zero_stage
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
         return ResumeChoice(None, None, "fresh run (resume_from: none)")
     if mode == "latest":
         # Chosen from manifests and file sizes alone: the driver reads no payload. Rank 0 of the
-        # worker group checks every hash before training from it (runtime/session.py).
+        # worker group checks every hash before training from it (rank/session.py).
         selection = store.latest_committed()
         if selection.info is None:
             why = "no committed checkpoint" + (f" ({len(selection.skipped)} skipped)" if selection.skipped else "")
@@ -187,8 +188,6 @@ def check_compatible(spec: JobSpec, choice: ResumeChoice) -> None:
 
 def _check_deepspeed(spec: JobSpec, choice: ResumeChoice) -> None:
     """DeepSpeed loads only its own file layout, at the world size that wrote it."""
-    from orchestrator.spec.deepspeed import layout_problem
-
     written_by, per_node = choice.manifest.world_size, spec.ranks_per_worker
     ranks = spec.scaling.num_workers * per_node
     if written_by != ranks:  # (a DeepSpeed run has one size: elastic is refused)
@@ -220,3 +219,17 @@ def is_finished(spec: JobSpec, manifest: Manifest | None) -> bool:
     if max_steps is not None and max_steps >= 0 and manifest.step >= max_steps:
         return True
     return max_epochs is not None and manifest.epoch >= max_epochs and manifest.batch_in_epoch == 0
+
+
+def layout_problem(files: list[str], args: dict[str, Any], precision: Any) -> str | None:
+    """Why a DeepSpeed checkpoint with these files cannot be loaded with these settings: DeepSpeed's
+    file layout follows the ZeRO stage and bf16, and it finds no file of another layout."""
+    names = [name for name in files if name.startswith("deepspeed-")]
+    written = {"ZeRO-3": any("zero_pp_rank_0_mp_rank_00_model_states" in n for n in names),
+               "bf16": any(n.startswith("deepspeed-bf16_") for n in names)}
+    wanted = {"ZeRO-3": zero_stage(args) == 3, "bf16": deepspeed_precision(precision).startswith("bf16")}
+    differ = [what for what in written if written[what] != wanted[what]]
+    if not differ:
+        return None
+    return "; ".join(f"{what}: {'yes' if written[what] else 'no'} in the checkpoint, "
+                     f"{'yes' if wanted[what] else 'no'} in this spec" for what in differ)

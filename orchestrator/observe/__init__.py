@@ -1,1 +1,2 @@
-"""What a run reports: metrics, goodput, summary.json (the result), run status and checkpoint listings."""
+"""What a run reports: metrics (the monitor's and agents' `ray.util.metrics`), goodput, and
+summary.json, the result the driver writes and `orchestrator status` reads."""

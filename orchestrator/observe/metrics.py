@@ -76,7 +76,7 @@ class RunMetrics:
         self._goodput_at = float("-inf")
 
     def observe(self, event: Event) -> None:
-        """One event of the run monitor (see monitor.py), in the order they were pushed."""
+        """One event of the run monitor (see monitor/actor.py), in the order they were pushed."""
         if isinstance(event, (RankStarted, Progress, Finished)):
             self._goodput_events.append(event)
         if isinstance(event, RankStarted) and event.rank == 0:

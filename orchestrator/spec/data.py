@@ -11,7 +11,7 @@
       val: {...}                                          # optional, same fields
 
 Parsed here with spec/fields.py's checkers, so its messages read like every other field's. The input
-itself (files, columns, types, row counts) is checked by `check_data_input` on the driver
+itself (files, columns, types, row counts) is checked by `check_data_input` (data/sources.py) on the driver
 before Ray starts, reading the Parquet footers only.
 """
 
@@ -130,39 +130,3 @@ def check_dtypes(data: DataSpec | None) -> None:
         if dtype not in DTYPES:
             raise s.SpecError(f"field '{where}.dtype': {dtype!r} is not a tensor dtype{nearest(dtype, list(DTYPES))}. "
                               f"Valid choices: {', '.join(DTYPES)}.")
-
-
-def open_source(source: DataSourceSpec, field_path: str):
-    """The ParquetSource of a data source (footers read, columns checked)."""
-    from orchestrator.data.parquet import Column, ParquetSource
-
-    columns = [Column(name, c.column or name, c.dtype, tuple(c.shape) if c.shape else None)
-               for name, c in source.columns.items()]
-    return ParquetSource(source.path, columns, field=field_path)
-
-
-def check_data_input(job) -> None:
-    """On the driver, before Ray starts: every data source opens, and the training input holds at
-    least one global batch at the smallest world size the run may have."""
-    from orchestrator.data.parquet import DataError
-
-    data: DataSpec | None = job.data
-    if data is None:
-        return
-    for name in SOURCES:
-        source: DataSourceSpec | None = getattr(data, name)
-        if source is None:
-            continue
-        opened = open_source(source, f"data.{name}")
-        if name != "train":
-            continue
-        workers = job.scaling.min_workers if job.scaling.elastic else job.scaling.num_workers
-        global_batch = job.scaling.global_batch_size or source.batch_size * workers
-        if opened.num_rows < global_batch:
-            why = ("scaling.global_batch_size" if job.scaling.global_batch_size
-                   else f"batch_size {source.batch_size} x {workers} workers")
-            raise DataError(
-                f"data.train.path: '{source.path}' holds {opened.num_rows} rows, fewer than one global batch of "
-                f"{global_batch} ({why}), "
-                "so no optimizer step could be taken. Fix: lower data.train.batch_size (or "
-                "scaling.global_batch_size / num_workers), or use more data.")

@@ -160,20 +160,6 @@ def zero_stage(args: dict[str, Any]) -> int:
     return int(args.get("stage", 2))
 
 
-def layout_problem(files: list[str], args: dict[str, Any], precision: Any) -> str | None:
-    """Why a DeepSpeed checkpoint with these files cannot be loaded with these settings: DeepSpeed's
-    file layout follows the ZeRO stage and bf16, and it finds no file of another layout."""
-    names = [name for name in files if name.startswith("deepspeed-")]
-    written = {"ZeRO-3": any("zero_pp_rank_0_mp_rank_00_model_states" in n for n in names),
-               "bf16": any(n.startswith("deepspeed-bf16_") for n in names)}
-    wanted = {"ZeRO-3": zero_stage(args) == 3, "bf16": deepspeed_precision(precision).startswith("bf16")}
-    differ = [what for what in written if written[what] != wanted[what]]
-    if not differ:
-        return None
-    return "; ".join(f"{what}: {'yes' if written[what] else 'no'} in the checkpoint, "
-                     f"{'yes' if wanted[what] else 'no'} in this spec" for what in differ)
-
-
 def offload_devices(args: dict[str, Any]) -> set[str]:
     """Where the settings offload ZeRO's states to ("cpu", "nvme"), from the arguments or the config."""
     config = args.get("config")

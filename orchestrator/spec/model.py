@@ -64,11 +64,11 @@ class LightningSpec:
     # ddp: a full copy of the model per rank (Lightning's DDPStrategy). fsdp: parameters, gradients
     # and optimizer state sharded over the ranks with FSDP2 (fully_shard), on CPUs and GPUs; a
     # module without a configure_model of its own is sharded per submodule, and every rank
-    # writes its own shard of each checkpoint (orchestrator/runtime/lightning/fsdp.py).
+    # writes its own shard of each checkpoint (orchestrator/rank/lightning/fsdp.py).
     strategy: str = "ddp"
     # deepspeed: the arguments of Lightning's DeepSpeedStrategy (stage, offload, config...),
     # translated from lightning.trainer.strategy (orchestrator/spec/deepspeed.py); every rank
-    # writes its own DeepSpeed files of each checkpoint (orchestrator/runtime/lightning/deepspeed.py).
+    # writes its own DeepSpeed files of each checkpoint (orchestrator/rank/lightning/deepspeed.py).
     deepspeed: dict[str, Any] | None = None
     # Callbacks built in every worker, after the orchestrator's own (a ModelCheckpoint is
     # translated into the checkpoint: section instead: orchestrator/spec/lightning.py).

@@ -1,5 +1,5 @@
 """The script: section: an unmodified torchrun-style training script, run as `__main__` in K child
-processes per node (orchestrator/runtime/script/). `orchestrator torchrun` writes this section
+processes per node (orchestrator/agent/). `orchestrator torchrun` writes this section
 from torchrun's own flags; a spec may name it directly."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from orchestrator.errors import SpecError
 from orchestrator.spec.fields import check_keys, describe, integer, mapping, optional
 from orchestrator.spec.model import NAME_PATTERN, ScriptSpec
 
-# What {placeholders} in the script's arguments may name (runtime/script/children.py fills them in).
+# What {placeholders} in the script's arguments may name (agent/children.py fills them in).
 ARG_PLACEHOLDERS = ("run_dir", "name", "storage")
 # Hex digits of the sha256 of a script's location in its default run name.
 NAME_HASH_DIGITS = 8

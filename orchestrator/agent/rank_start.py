@@ -1,0 +1,75 @@
+"""What a torchrun script's rank is started with: its command, its directory and its environment.
+
+The environment is torchrun's, built from the Ray worker's (the agent's) without Ray's own
+variables: a rank has no Ray in it, and must not be handed the cluster's address or its auth
+token (RAY_AUTH_TOKEN, on a cluster with token auth). What the user's shell had in front of the
+command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS) and the spec's `env:` come on top.
+"""
+
+from __future__ import annotations
+
+import os
+
+from orchestrator.agent.children import RAY_TRAIN_VARS, Placement
+from orchestrator.run_dir import RunDir
+from orchestrator.spec import JobSpec
+from orchestrator.worker_config import ScriptContext
+
+# Variables of the Ray worker a rank never gets: Ray's own.
+RAY_VARS_PREFIX = "RAY_"
+
+
+class RankStart:
+    def __init__(self, spec: JobSpec, script_context: ScriptContext, run_dir: RunDir):
+        self.spec, self.script, self.context, self.run_dir = spec, spec.script, script_context, run_dir
+
+    def command(self) -> list[str]:
+        """The script and its arguments, with {run_dir}, {name} and {storage} filled in."""
+        values = {"{run_dir}": self.run_dir_text(), "{name}": self.spec.name, "{storage}": self.spec.storage}
+        args = []
+        for arg in self.script.args:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            args.append(arg)
+        target = ["-m", self.script.module] if self.script.module else [self.script_path()]
+        return [*target, *args]
+
+    def run_dir_text(self) -> str:
+        location = self.run_dir.location
+        return location.path if location.is_local else location.uri
+
+    def cwd(self) -> str:
+        """The driver's directory where this node has it (a shared checkout), else this worker's."""
+        wanted = self.context.cwd
+        return wanted if wanted and os.path.isdir(wanted) else os.getcwd()
+
+    def script_path(self) -> str:
+        path = os.path.expanduser(self.script.path)
+        if os.path.isabs(path):
+            return path
+        for base in (self.cwd(), os.getcwd()):
+            if os.path.isfile(os.path.join(base, path)):
+                return os.path.join(base, path)
+        return path
+
+    def env(self, placement: Placement) -> dict[str, str]:
+        env = without_ray(os.environ)
+        shell = self.context.env
+        env.update(shell)
+        env.update(self.spec.env)
+        if "OMP_NUM_THREADS" not in shell and "OMP_NUM_THREADS" not in self.spec.env:
+            env.pop("OMP_NUM_THREADS", None)  # Ray's, for the worker: the ranks get torchrun's rule
+            if placement.local_world_size > 1:
+                env["OMP_NUM_THREADS"] = "1"
+        env["ORCHESTRATOR_RUN_DIR"] = self.run_dir_text()
+        # Ray starts its workers at a lower priority (niceness 15); the ranks take the user's shell's.
+        env["ORCHESTRATOR_NICENESS"] = str(self.context.niceness)
+        # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+
+def without_ray(environ) -> dict[str, str]:
+    """The agent's environment for a rank: no Ray variable (the cluster's address, its auth
+    token), and none of Ray Train's process-group variables (the rank gets torchrun's)."""
+    return {k: v for k, v in environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}

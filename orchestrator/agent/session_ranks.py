@@ -1,0 +1,151 @@
+"""A ctx or Lightning job's ranks under their node's agent: how they start, how they reach the run monitor.
+
+The agent (supervisor.py) runs these ranks as it runs a torchrun script's: child processes with
+torchrun's environment, restarted in place. What differs is what runs in them and what the agent
+does for them:
+- a child runs rank/rank_main.py (the worker session, then the ctx loop or Lightning), started through
+  the same bootstrap as a script, with a config file the agent writes for each attempt;
+- the child sends its own events and heartbeats (with its phases: checkpoint, validation...)
+  through the agent (`Answers`, over agent_link.py); until its first heartbeat, the agent beats
+  "starting" for it, so that its imports and the process group's formation are not silence;
+- a child whose own heartbeat is overdue while its process runs (a C call that holds the GIL,
+  a loaded machine) is vouched for by the agent: its last beat again, its idle time grown, so that
+  a rank that makes no progress is still caught, while silence is left to a process that is
+  stopped (SIGSTOP, a frozen node), which the agent sees and does not vouch for;
+- the child's step time is measured here, from the heartbeats passed on (Ray's metrics are
+  exported by a Ray process), afresh for each attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import types
+from typing import Any
+
+import ray
+
+from orchestrator.agent.children import Placement
+from orchestrator.agent.rank_start import without_ray
+from orchestrator.observe.metrics import WorkerMetrics
+from orchestrator.protocol import AttemptBegun, Beat, BeatReply
+from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
+from orchestrator.rank.heartbeat import STARTING, TRAINING
+from orchestrator.rank.identity import DEVICE_VAR, NODE_ID_VAR
+from orchestrator.rank.rank_main import CONFIG_VAR, RankConfig, write_config
+from orchestrator.ray_private import preemption_notice
+from orchestrator.worker_config import LinkAddress, WorkerConfig
+
+# Seconds the monitor's answer to a passed-on heartbeat may take (heartbeat.REPLY_TIMEOUT_S).
+BEAT_REPLY_S = 10.0
+# Seconds for an event the child waits for (its last, Finished).
+WAIT_S = 60.0
+# Seconds between the step-time gauge's updates (session.PROGRESS_INTERVAL_S).
+STEP_TIME_EVERY_S = 2.0
+# Seconds a running child's own heartbeat may be late before the agent vouches for it (it beats
+# every second; the watchdog calls a rank silent after watchdog.SILENT_AFTER_S = 4).
+VOUCH_AFTER_S = 2.5
+
+
+class SessionStart:
+    """The command, directory and environment of a ctx or Lightning job's rank children."""
+
+    def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str):
+        self.config, self.link, self.scratch, self.node_id = config, link, scratch, node_id
+
+    @staticmethod
+    def command() -> list[str]:
+        return ["-m", "orchestrator.rank.rank_main"]
+
+    @staticmethod
+    def cwd() -> str:
+        return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
+
+    def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
+        spec = self.config.spec
+        env = {**without_ray(os.environ), **spec.env}
+        if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in spec.env:
+            # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
+            # computes with the same threads whether its peers are on its agent or another.
+            threads = int(os.environ["OMP_NUM_THREADS"]) // placement.local_world_size
+            env["OMP_NUM_THREADS"] = str(max(1, threads))
+        path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
+        # The child's session: the monitor through this agent; its output reaches its log through
+        # this agent's copy of its pipe, so it writes no log of its own.
+        worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
+        write_config(path, RankConfig(worker=worker, in_place=in_place))
+        env.update({CONFIG_VAR: path, DEVICE_VAR: _agent_devices(), NODE_ID_VAR: self.node_id,
+                    "ORCHESTRATOR_NICENESS": str(self.config.niceness),
+                    "PYTHONUNBUFFERED": "1"})
+        return env
+
+
+def _agent_devices() -> str:
+    """This agent's devices, as Ray Train assigned them (rank child i trains on the i-th)."""
+    import ray.train.torch
+
+    return ",".join(str(device) for device in ray.train.torch.get_devices())
+
+
+class Answers:
+    """The agent's answers to its rank children's calls (agent_link.LinkServer's handler)."""
+
+    def __init__(self, monitor, run: str):
+        self.monitor, self.run = monitor, run
+        self.attempt = 0
+        self.latest_uri: str | None = None
+        self._lock = threading.Lock()
+        self._step_time: dict[int, WorkerMetrics] = {}
+        # Per rank: its newest beat and when it arrived (time.monotonic()).
+        self._last: dict[int, tuple[Beat, float]] = {}
+
+    def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
+        with self._lock:
+            self.attempt, self.latest_uri = attempt, latest_uri
+            self._step_time.clear()
+            self._last.clear()
+
+    def beats_itself(self, rank: int) -> bool:
+        return rank in self._last
+
+    def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
+        """The agent's beat for a child that has not beaten yet (imports, the process group)."""
+        return Beat(rank=rank, step=0, phase=STARTING, idle_s=idle_s, node_id=node_id, pid=pid)
+
+    def vouched(self, rank: int, now: float) -> Beat | None:
+        """The running child's last beat, aged by the time since, once its own is overdue (else None)."""
+        with self._lock:
+            last = self._last.get(rank)
+        if last is None or now - last[1] < VOUCH_AFTER_S:
+            return None
+        beat, at = last
+        return dataclasses.replace(beat, idle_s=beat.idle_s + (now - at), received=0.0)
+
+    def __call__(self, op: str, payload: Any) -> Any:
+        if op == SEND:
+            self.monitor.push.remote(payload)
+            return None
+        if op == SEND_AND_WAIT:
+            ray.get(self.monitor.push.remote(payload), timeout=WAIT_S)
+            return None
+        if op == BEGIN:
+            return AttemptBegun(self.attempt, self.latest_uri)
+        if op == BEAT:
+            return self._beat(*payload)
+        if op == PREEMPTION:
+            notice = preemption_notice()
+            if notice is None:
+                return None
+            return types.SimpleNamespace(deadline_ms=getattr(notice, "deadline_ms", None),
+                                         preempted_node_ids=list(getattr(notice, "preempted_node_ids", [])))
+        raise ValueError(f"unknown call {op!r}")
+
+    def _beat(self, attempt: int, beat: Beat) -> BeatReply:
+        with self._lock:
+            self._last[beat.rank] = (beat, time.monotonic())
+            if beat.phase == TRAINING and attempt == self.attempt:
+                gauge = self._step_time.setdefault(beat.rank, WorkerMetrics(self.run, beat.rank, STEP_TIME_EVERY_S))
+                gauge.stepped(beat.step)
+        return ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)

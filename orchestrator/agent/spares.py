@@ -1,0 +1,76 @@
+"""Spares: the next attempt's rank processes of a ctx or Lightning job, started ahead of need.
+
+A restart in place spends most of its seconds in the new ranks' start: Python, torch, Lightning
+and the harness imported (about 1.5 s for a ctx rank here, 3 s for a Lightning one) before a rank
+joins the process group. So once every rank of an attempt beats itself (its imports and its
+process group done: a spare takes no core they need to start), the agent starts one spare a rank
+(bootstrap.py --spare), which imports those modules and waits. A restart hands each spare its
+rank's new environment (children.py); a rank with no spare alive is started afresh. Spares not
+handed an attempt end with the agent's ranks.
+
+Their cost: each spare holds the imported modules (its own resident memory, much of it shared
+libraries it shares with its rank) and takes a few CPU-seconds once an attempt. A torchrun script
+gets none: importing torch before the script runs would change what the script sees (a script may
+set variables before its imports).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+from orchestrator.agent import sessions
+from orchestrator.agent.children import BOOTSTRAP, LocalRanks
+
+# What a spare imports, by the job's kind: what every rank of that kind imports first.
+SPARE_MODULES = {
+    # (rank_main itself is not: it runs as __main__, and runpy warns of a module imported twice.)
+    "torch": ("torch", "orchestrator.rank.torch.loop", "orchestrator.rank.session"),
+    "lightning": ("torch", "lightning.pytorch", "orchestrator.rank.lightning.fit", "orchestrator.rank.session"),
+}
+# Seconds spares are given to end once they are not needed (they wait on their stdin, doing nothing).
+END_GRACE_S = 0.5
+
+
+class Spares:
+    """One spare process a local rank, for the next attempt of this agent's ranks."""
+
+    def __init__(self, kind: str, command: list[str], cwd: str):
+        self.modules, self.command, self.cwd = ",".join(SPARE_MODULES[kind]), command, cwd
+        self._ready: dict[int, subprocess.Popen] = {}  # local rank -> its spare
+        self._attempt_seen = 0
+
+    def start_when_settled(self, ranks: LocalRanks, attempt: int, beats_itself: Callable[[int], bool]) -> bool:
+        """Start this attempt's spares, once, when each of its ranks beats itself. True when they
+        were started now."""
+        if attempt == self._attempt_seen or not all(beats_itself(c.rank) for c in ranks.children):
+            return False
+        self._attempt_seen = attempt
+        for child in ranks.children:
+            if child.local_rank not in self._ready:
+                # The rank's own environment: what a spare imports sees what the rank would
+                # (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); the attempt's values come at the handover.
+                self._ready[child.local_rank] = subprocess.Popen(
+                    [sys.executable, BOOTSTRAP, "--spare", self.modules, *self.command], cwd=self.cwd, env=child.env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        return True
+
+    def take(self) -> dict[int, subprocess.Popen]:
+        """The spares still alive, handed to the next attempt (and no longer this object's)."""
+        ready, self._ready = self._ready, {}
+        for process in [p for p in ready.values() if p.poll() is not None]:
+            process.stdout.close()
+        return {rank: p for rank, p in ready.items() if p.returncode is None}
+
+    @property
+    def pids(self) -> set[int]:
+        """Each spare's pid, which is its session's id."""
+        return {p.pid for p in self._ready.values()}
+
+    def close(self) -> None:
+        sessions.end_sessions(self.pids, END_GRACE_S)
+        for process in self._ready.values():
+            process.wait()
+            process.stdout.close()
+        self._ready = {}

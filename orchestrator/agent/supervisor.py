@@ -1,0 +1,420 @@
+"""A node's agent: the Ray Train worker that runs the node's K ranks (torchelastic's model:
+agents survive, workers restart; a ctx or Lightning rank runs the worker session itself:
+session_ranks.py). It starts its ranks as child processes (children.py), with torchrun's
+environment, and watches them:
+- a child that dies or fails is reported to the run monitor, which decides for every node
+  (monitor/attempts.py): restart every rank in place (the same Ray Train workers, no new placement),
+  fail the run (a user error, or the restarts used up), or finish (every rank exited 0);
+- every second the children's optimizer-step counters and liveness (when each one's Python stack
+  last moved, when its session last used CPU) go to the run monitor as heartbeats, and a child
+  that exited 0 is reported finished: the hang watchdog judges an unmodified script by what it
+  does, not by whether it steps an optimizer (monitor/watchdog.py). A stopped child (SIGSTOP)
+  sends none. On a hang verdict every rank's stacks go into its log, and it ends;
+- rank 0's output is sent to the driver's console (best effort: a backlog past ECHO_BACKLOG
+  lines is dropped with a note, the log keeps everything); every rank's goes to
+  <run>/logs/rank-N.log, on every storage (on an object store, copied there at each attempt's end);
+- nothing the ranks start outlives them: each rank's session is ended with it, this process
+  adopts and reaps what its children orphan (a child subreaper), and a sweeper process ends the
+  ranks' sessions if this one is killed (children.py, sessions.py).
+
+The training runs in processes with no Ray in them (a ctx or Lightning job's next ones started
+ahead: spares.py). Only a lost worker or node goes through Ray Train's group restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import ray
+import ray.train
+
+from orchestrator.agent import sessions
+from orchestrator.agent.children import LocalRanks, Placement, Sweeper, copy_logs, free_port
+from orchestrator.agent.outcome import failure_of, signal_name
+from orchestrator.agent.rank_start import RankStart
+from orchestrator.agent.session_ranks import Answers, SessionStart
+from orchestrator.agent.spares import Spares
+from orchestrator.failures import INFRASTRUCTURE, TAKEN_OVER, USER, FailureRecord, WorkerFailure
+from orchestrator.protocol import (
+    FINISH,
+    RESTART,
+    STOPPED,
+    WAIT,
+    Beat,
+    Finished,
+    Output,
+    RankStarted,
+    RunWarning,
+    Stacks,
+    Verdict,
+    cause_order,
+)
+from orchestrator.protocol import Progress as ProgressEvent
+from orchestrator.rank.agent_link import LinkServer
+from orchestrator.rank.collectives import broadcast_object
+from orchestrator.rank.heartbeat import FINISHED, HANG_EXIT_CODE, TRAINING, WORKING
+from orchestrator.rank.scratch import make_scratch
+from orchestrator.run_dir import RunDir
+from orchestrator.worker_config import ScriptContext, WorkerConfig
+
+log = logging.getLogger("orchestrator.worker")
+
+# Seconds between looks at the children, and at the attempt's verdict once this node reported.
+POLL_S = 0.1
+# This node's scratch folder (the ranks' step counters, failure records, error files): <tmp>/<prefix><pid>-*.
+SCRATCH_PREFIX = "orchestrator-script-"
+# Seconds between asks for the attempt's verdict while this node's ranks run (a peer node's failure).
+VERDICT_S = 0.25
+# The same for a run of one node: only a hang verdict arrives this way (its own failures are
+# decided at once), so three actor calls a second fewer while training, on the ranks' cores.
+LONE_VERDICT_S = 1.0
+# Seconds between heartbeats (one per child) and between progress events to the driver.
+BEAT_S = 1.0
+PROGRESS_S = 2.0
+# Seconds between batches of rank 0's output sent to the driver's console.
+ECHO_S = 0.3
+# Lines of rank 0's output held for the console at most: past that (a script printing faster than
+# the console shows), the oldest are dropped with a note; the rank's log keeps them all.
+ECHO_BACKLOG = 20_000
+# CPU seconds a rank's session must use within one heartbeat to count as alive by its CPU: more
+# than the clock ticks the bootstrap's own look at the stack can add (1 tick = 10 ms).
+CPU_ALIVE_S = 0.02
+
+
+def train_script(config: WorkerConfig) -> None:
+    Supervisor(config).run()
+
+
+class Supervisor:
+    def __init__(self, config: WorkerConfig):
+        self.config, self.spec, self.monitor = config, config.spec, config.monitor
+        # A ctx or Lightning rank runs the worker session in the child (session_ranks.py).
+        self.sessions = self.spec.kind != "script"
+        self.k = self.spec.ranks_per_worker
+        context = ray.train.get_context()
+        self.worker, self.workers = context.get_world_rank(), context.get_world_size()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.hostname = socket.gethostname()
+        self.run_dir = RunDir.at(config.run_uri)
+        self.scratch = make_scratch(SCRATCH_PREFIX)
+        # Each rank's log: in the run's logs/, or on an object store this scratch's, copied there.
+        self.log_dir = config.log_dir or os.path.join(self.scratch, "logs")
+        # Orphans of the ranks' helpers are adopted here, and reaped, wherever they were started.
+        sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 1)
+        sessions.take_niceness(config.niceness)  # Ray's workers run at 15; the ranks at the driver's
+        self.sweeper = Sweeper(self.scratch)
+        # Per rank: its session's CPU seconds at the last beat, and when they last grew.
+        self._cpu: dict[int, tuple[float, float]] = {}
+        self._echo_dropped = 0
+        self.ranks: LocalRanks | None = None
+        self.placement: Placement | None = None
+        self.attempt = 0
+        # Set by the heartbeat thread from the monitor's replies.
+        self.abort: str | None = None
+        self.stop_requested = False
+        self._closing, self._last_beat = False, 0.0
+        self._first_step_seen, self._last_progress_step = False, 0
+        self._teardown_warned: set[int] = set()
+        self._echoed: list[str] = []
+        self._echo_lock = threading.Lock()
+        self.answers = Answers(self.monitor, self.spec.name) if self.sessions else None
+        self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
+        # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py).
+        self.spares = Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd()) if self.sessions else None
+
+    # --- the attempts -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        begun = broadcast_object(self._begin(self.k) if self.worker == 0 else None)
+        threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True).start()
+        try:
+            while True:
+                state = broadcast_object(self._attempt_state() if self.worker == 0 else None)
+                placement = Placement(self.worker, self.workers, self.k, begun["master_addr"], state["port"],
+                                      state["attempt"], state["max_restarts"], self.spec.name)
+                self._start_attempt(placement, state["attempt"] > begun["attempt"], state["latest_uri"])
+                verdict = self._watch(state["attempt"])
+                action = verdict.action
+                if action == RESTART:
+                    self._end_attempt(verdict)
+                    continue
+                if action == FINISH:
+                    self._finish(stopped=False)
+                    return
+                if action == STOPPED:
+                    self._finish(stopped=True)
+                    return
+                self.ranks.stop()
+                self._fail(verdict)
+                return
+        finally:
+            self._closing = True
+            if self.ranks is not None:
+                self.ranks.stop()
+            if self.spares is not None:
+                self.spares.close()
+            self._end_orphans()
+            self.sweeper.close()
+            self._flush_echo()
+            self._copy_logs()
+            if self.link is not None:
+                self.link.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._done()
+
+    def _begin(self, k: int) -> dict[str, Any]:
+        begun = ray.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
+        return {"attempt": begun.attempt, "master_addr": ray.util.get_node_ip_address()}
+
+    def _attempt_state(self) -> dict[str, Any]:
+        state = ray.get(self.monitor.attempt_state.remote(), timeout=60)
+        return {**state, "port": free_port()}
+
+    def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
+        self.attempt = placement.attempt
+        self.placement = placement
+        if self.sessions:
+            self.answers.new_attempt(placement.attempt, latest_uri or self.config.resume_uri)
+            start = SessionStart(self.config, self.link.address, self.scratch, self.node_id)
+            env, echo = start.env(placement, in_place), None  # a ctx job's output stays in its logs
+        else:
+            start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
+            env, echo = start.env(placement), self._echo
+        self.ranks = LocalRanks(start.command(), start.cwd(), env, placement, self.scratch, self.log_dir, echo=echo,
+                                spares=self.spares.take() if self.spares is not None else None)
+        self.sweeper.track(self.ranks.sessions)
+        self._cpu.clear()
+        if self.sessions:
+            return  # each child announces itself, with the checkpoint it resumed from
+        # One event per rank: the driver's "N workers up" line, summary.json's workers, failure places.
+        for child in self.ranks.children:
+            self.monitor.push.remote(RankStarted(
+                rank=child.rank, world_size=placement.world_size, attempt=placement.attempt, node_id=self.node_id,
+                hostname=self.hostname, pid=child.process.pid, in_place=in_place))
+        self._first_step_seen, self._last_progress_step = False, 0
+
+    def _watch(self, attempt: int) -> Verdict:
+        reported = False
+        last_asked = 0.0
+        stop_sent = False
+        while True:
+            time.sleep(POLL_S)
+            if self.abort:
+                log.error("ending this node's ranks: %s", self.abort)
+                self.ranks.stop()
+                self._end_orphans()
+                self.sweeper.close()
+                self._flush_echo()
+                self._copy_logs()
+                os._exit(HANG_EXIT_CODE)
+            if self.sessions and any(code == HANG_EXIT_CODE for _, code in self.ranks.exited()):
+                # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
+                self.abort = "the run monitor ended the ranks"
+                continue
+            if self.spares and self.spares.start_when_settled(self.ranks, attempt, self.answers.beats_itself):
+                self.sweeper.track(self.ranks.sessions | self.spares.pids)
+            if self.stop_requested and not stop_sent and not self.sessions:
+                # As torchrun does with the signal it gets: every rank is sent SIGTERM (a script that
+                # handles it saves and exits); the driver ends the workers when its grace runs out.
+                self.ranks.forward(signal.SIGTERM)
+                stop_sent = True
+            if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
+                return Verdict(STOPPED)
+            if not reported and not stop_sent:
+                known, failure = self._outcome()
+                if known and failure is None:
+                    # Every rank exited 0: its whole log copied before the report (the driver may leave).
+                    self.ranks.stop()
+                    self._copy_logs()
+                if known:
+                    self.monitor.attempt_report.remote(attempt, self.worker, failure)
+                    reported = True
+            if stop_sent:
+                continue
+            # A failure here is decided at once; one on another node reaches this one within VERDICT_S.
+            now = time.monotonic()
+            if not reported and now - last_asked < (VERDICT_S if self.workers > 1 else LONE_VERDICT_S):
+                continue
+            last_asked = now
+            verdict = ray.get(self.monitor.attempt_verdict.remote(attempt), timeout=60)
+            if verdict.action != WAIT:
+                return verdict
+
+    def _outcome(self) -> tuple[bool, dict[str, Any] | None]:
+        """This node's part of the attempt, once known (True): a failed child's record, or None
+        when every child exited 0."""
+        exited = self.ranks.exited()
+        failed = [failure_of(c, self.node_id, self.hostname)
+                  for c, code in exited if code != 0 and not self._crashed_after_end(c, code)]
+        if failed:
+            # Two ranks of this node may have ended by the time it looks (a SIGKILLed rank, then its
+            # peer's lost connection): the cause is chosen as across nodes (attempts.py).
+            return True, min(failed, key=cause_order)
+        return len(exited) == len(self.ranks.children), None
+
+    def _crashed_after_end(self, child, code: int) -> bool:
+        """A signal death after the script returned: a library's teardown at exit (torch 2.13's gloo
+        at times aborts there). The training is done; restarting it would only repeat the crash."""
+        if code >= 0 or not child.returned():
+            return False
+        if child.rank not in self._teardown_warned:
+            self._teardown_warned.add(child.rank)
+            self.monitor.push.remote(RunWarning(message=(
+                f"rank {child.rank}'s script ran to its end, then its process died by {signal_name(-code)} in the "
+                "interpreter's teardown (a library's exit handler); counted as finished")))
+        return True
+
+    def _end_attempt(self, verdict: Verdict) -> None:
+        failure = verdict.failure
+        if failure.get("kind") == "hang":
+            stacks = self.ranks.dump_stacks()
+            for rank, where in sorted(stacks.items()):
+                log.error("rank %d was at %s when the hang was detected (its stacks are in its log)", rank, where)
+            if stacks:
+                self.monitor.push.remote(Stacks(ranks={str(r): w for r, w in stacks.items()},
+                                                attempt=verdict.attempt - 1))
+        self.ranks.stop()
+        self._end_orphans()
+        self._flush_echo()
+        self._copy_logs()
+
+    def _finish(self, stopped: bool) -> None:
+        self._flush_echo()
+        if self.worker != 0 or self.sessions:  # a ctx job's rank 0 reported its own end
+            return
+        progress = self.ranks.children[0].progress()
+        # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
+        ray.get(self.monitor.push.remote(Finished(
+            attempt=self.placement.attempt, stopped=stopped, step=progress.steps,
+            step_time_s=progress.step_time_s or None)), timeout=60)
+
+    def _done(self) -> None:
+        try:  # waited for: a driver that sees every agent done may end the cluster at once
+            ray.get(self.monitor.agent_done.remote(self.worker), timeout=10)
+        except Exception:  # noqa: BLE001 - then the driver waits for Ray Train's end of the workers
+            pass
+
+    def _end_orphans(self) -> None:
+        keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
+        sessions.end_adopted(keep | {self.sweeper.process.pid} | (self.spares.pids if self.spares else set()))
+
+    def _copy_logs(self) -> None:
+        """On an object store, every rank's log of this node to <run>/logs/ (whole, each time)."""
+        if self.config.log_dir is None:
+            copy_logs(self.log_dir, self.run_dir.location.join("logs"))
+
+    def _fail(self, verdict: Verdict) -> None:
+        failure = verdict.failure or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.reason}
+        if failure["rank"] // self.k != self.worker and failure.get("kind") != "hang":
+            return  # the node of the failed rank reports it; this one only ends its ranks
+        if failure.get("kind") == "hang" and self.worker != 0:
+            return
+        kind = failure["kind"] if failure.get("kind") in (USER, TAKEN_OVER) else INFRASTRUCTURE
+        lines = (failure.get("last_lines") or []) if kind != USER else []
+        note = failure.get("note") or (f"its last lines: {' | '.join(lines)}" if lines else "")
+        known = ("rank", "error", "where", "node_id", "pid", "hostname", "signature", "fault", "step", "repeated")
+        record = FailureRecord(**{k: failure[k] for k in known if k in failure}, kind=kind, note=note)
+        where = f" (raised at {record.where})" if record.where else ""
+        raise WorkerFailure(f"rank {record.rank}: {record.error}{where}", record)
+
+    # --- heartbeats, progress and rank 0's output --------------------------------------------------
+
+    def _beat_loop(self) -> None:
+        last_progress, last_echo = 0.0, 0.0
+        while not self._closing:
+            time.sleep(ECHO_S)
+            now = time.monotonic()
+            if now - last_echo >= ECHO_S:
+                last_echo = now
+                self._flush_echo()
+            if now - self._last_beat < BEAT_S or self.ranks is None:
+                continue
+            self._last_beat = now
+            try:
+                self._beat()
+                if self.worker == 0 and (now - last_progress >= PROGRESS_S or not self._first_step_seen):
+                    last_progress = now
+                    self._progress()
+            except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge
+                continue
+
+    def _beat(self) -> None:
+        ranks, attempt = self.ranks, self.attempt
+        now = time.monotonic()
+        cpu = sessions.cpu_seconds(ranks.sessions)
+        replies = []
+        for child in ranks.children:
+            progress = child.progress()
+            code = child.process.poll()
+            if code is not None:
+                if code == 0 or self._crashed_after_end(child, code):
+                    replies.append(self.monitor.beat.remote(attempt, Beat(
+                        rank=child.rank, step=progress.steps, phase=FINISHED, idle_s=0.0, node_id=self.node_id,
+                        pid=child.process.pid)))
+                continue  # a failed child is reported as the attempt's outcome
+            if child.stopped():
+                continue  # a stopped process answers nothing: its silence is what the watchdog sees
+            if self.sessions:
+                # A session child beats itself once its session starts; until then, or while its
+                # own beat is overdue though it runs, the agent beats for it (session_ranks.py).
+                beat = (self.answers.vouched(child.rank, now) if self.answers.beats_itself(child.rank) else
+                        self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
+                if beat is not None:
+                    replies.append(self.monitor.beat.remote(attempt, beat))
+                continue
+            used = cpu.get(child.process.pid, 0.0)
+            before, alive_at = self._cpu.get(child.rank, (used, now - progress.idle_s))
+            if used - before >= CPU_ALIVE_S:
+                alive_at = now
+            self._cpu[child.rank] = (used, alive_at)
+            active_idle = min(progress.idle_s, progress.stack_idle_s, now - alive_at)
+            replies.append(self.monitor.beat.remote(attempt, Beat(
+                rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
+                idle_s=progress.idle_s, node_id=self.node_id, pid=child.process.pid,
+                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle)))
+        for reply in ray.get(replies, timeout=10):
+            self.stop_requested = self.stop_requested or reply.stop
+            if reply.abort:
+                self.abort = reply.abort
+
+    def _progress(self) -> None:
+        if self.sessions:
+            return  # a ctx job's rank 0 reports its own progress
+        progress = self.ranks.children[0].progress()
+        steps = progress.steps
+        if not steps or steps == self._last_progress_step:
+            return
+        self._last_progress_step = steps
+        first = not self._first_step_seen
+        self._first_step_seen = True
+        # step_time_s: the median time between rank 0's consecutive optimizer steps, as the
+        # bootstrap timed them (goodput counts the steps by it).
+        self.monitor.push.remote(ProgressEvent(step=steps, batch_in_epoch=1, attempt=self.placement.attempt,
+                                               first_step=first, script=True,
+                                               step_time_s=progress.step_time_s or None))
+
+    def _echo(self, line: str) -> None:
+        with self._echo_lock:
+            self._echoed.append(line)
+            if len(self._echoed) > ECHO_BACKLOG:
+                drop = len(self._echoed) - ECHO_BACKLOG // 2
+                del self._echoed[:drop]
+                self._echo_dropped += drop
+
+    def _flush_echo(self) -> None:
+        with self._echo_lock:
+            lines, self._echoed = self._echoed, []
+            dropped, self._echo_dropped = self._echo_dropped, 0
+        if dropped:
+            lines.insert(0, f"[orchestrator: {dropped} line(s) of rank 0's output not shown here, printed faster "
+                            f"than the console shows them; they are in its log, rank-0.log]")
+        if lines:
+            self.monitor.push.remote(Output(rank=0, lines=lines))
+

@@ -1,0 +1,8 @@
+"""Runs in Ray actors beside the driver, never in it: the run monitor and Ray Train's controller.
+
+    actor.py       the run monitor actor (started by the driver): events, heartbeats, the typed protocol
+    attempts.py    the in-place restarts of every rank, decided in the monitor
+    watchdog.py    hang detection from the ranks' heartbeats, in the monitor
+    classifier.py  Ray Train's controller callback: classifies each failure of a worker group
+                   (it runs in Ray Train's controller actor)
+"""

@@ -1,0 +1,215 @@
+"""The run monitor: a small actor owned by the driver that workers tell what is happening.
+
+Ranks and agents push events (protocol.py: a rank started, progress, a checkpoint committed,
+finished...) with fire-and-forget calls; the driver polls them to print live progress and to write
+summary.json.
+The actor outlives worker-group restarts, so it is also where
+- each start of the ranks is numbered (an attempt), and the newest checkpoint committed during this
+  run is remembered: rank 0 of a new group asks it which checkpoint the group resumes from;
+- the workers' heartbeats arrive, and the hang watchdog (`watchdog.py`) judges them; its
+  verdict goes back to every worker of the group in the reply to its next heartbeat;
+- the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
+
+A script's rank-0 output is not an event: it waits in a bounded buffer until the driver takes it
+(`take_output`), so that a script printing for a day costs the monitor and the driver no memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.monitor.attempts import InPlaceAttempts
+from orchestrator.monitor.watchdog import HangWatchdog
+from orchestrator.protocol import (
+    RESTART,
+    AttemptBegun,
+    Beat,
+    BeatReply,
+    CheckpointCommitted,
+    Event,
+    Failure,
+    Finished,
+    Output,
+    RankStarted,
+    RestartInPlace,
+    StopRequested,
+    Verdict,
+)
+
+# Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
+OUTPUT_LINES_HELD = 20_000
+
+
+class OutputBuffer:
+    """A script's rank-0 lines on their way to the driver's console: at most `held`, the oldest
+    dropped (and counted) when the console falls behind; whatever is taken is forgotten here."""
+
+    def __init__(self, held: int = OUTPUT_LINES_HELD):
+        self._lines: collections.deque[str] = collections.deque(maxlen=held)
+        self._dropped = 0
+
+    def add(self, lines: list[str]) -> None:
+        self._dropped += max(0, len(self._lines) + len(lines) - self._lines.maxlen)
+        self._lines.extend(lines)
+
+    def take(self) -> tuple[list[str], int]:
+        lines, dropped = list(self._lines), self._dropped
+        self._lines.clear()
+        self._dropped = 0
+        return lines, dropped
+
+
+def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
+                  max_restarts: int = -1) -> ray.actor.ActorHandle:
+    """A RunMonitor on the driver's own node.
+
+    It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
+    node, taking the run's record of committed checkpoints with it. The driver's node lives
+    exactly as long as the run does.
+    """
+    here = ray.get_runtime_context().get_node_id()
+    return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
+        hang_timeout_s, phase_limits, max_restarts)
+
+
+@ray.remote(num_cpus=0)
+class RunMonitor:
+    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
+                 max_restarts: int = -1) -> None:
+        self._events: list[Event] = []
+        self._latest_checkpoint: CheckpointCommitted | None = None
+        # The attempt running now (protocol.py): the watchdog judges its beats alone.
+        self._attempt = 0
+        self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
+        self._stop_requested: float | None = None
+        # Set by the driver when a stop's grace period ran out: the workers end themselves.
+        self._abort_reason: str | None = None
+        # Set when another driver took the run over: why (LeaseLost's text).
+        self._taken_over: str | None = None
+        # Per attempt: the newest step rank 0's heartbeat reported, and when (for goodput).
+        self._last_steps: dict[int, tuple[int, float]] = {}
+        # Every rank is a child of its node's agent: a failed rank restarts every rank in place
+        # (attempts.py), each restart a new attempt in the same worker group.
+        self._attempts = InPlaceAttempts(max_restarts)
+        self._ranks = 0
+        # The agents of the current group that ended and removed what they kept on their node.
+        self._agents_done: set[int] = set()
+        self._output = OutputBuffer()
+
+    def push(self, event: Event | Output) -> None:
+        if isinstance(event, Output):
+            self._output.add(event.lines)
+            return
+        event.time = time.time()
+        if isinstance(event, CheckpointCommitted):
+            self._latest_checkpoint = event
+        self._events.append(event)
+
+    def events_since(self, index: int) -> list[Event]:
+        return self._events[index:]
+
+    def take_output(self) -> tuple[list[str], int]:
+        """The script's rank-0 lines not taken yet, and how many were dropped since the last take."""
+        return self._output.take()
+
+    def finished(self, stopped: bool = False) -> bool:
+        """Whether rank 0 reported the end of training, every checkpoint committed: of a run that
+        ran to its end, or with `stopped` of one the driver stopped (its stop checkpoint committed)."""
+        return any(isinstance(e, Finished) and e.stopped == stopped for e in self._events)
+
+    def agent_done(self, worker: int) -> None:
+        """Agent `worker` of the current group ended: its ranks, their helpers and its scratch are gone."""
+        self._agents_done.add(worker)
+
+    def ended(self) -> bool:
+        """Whether the run ran to its end and every agent of the group cleaned up after it (a
+        driver that leaves then, before Ray Train's teardown, leaves nothing behind)."""
+        return self.finished() and len(self._agents_done) >= self._attempts.workers
+
+    def begin_group(self, world_size: int, workers: int = 1) -> AttemptBegun:
+        """Agent 0 of a new worker group (`workers` agents, running `world_size` ranks): the
+        attempt it starts, and the newest checkpoint of this run."""
+        latest = self._latest_checkpoint
+        self._attempt = self._attempts.new_group(workers)
+        self._ranks = world_size
+        self._agents_done = set()
+        self._watchdog.new_attempt(self._attempt, world_size, time.time())
+        return AttemptBegun(self._attempt, latest.uri if latest else None)
+
+    # --- the attempts in place (attempts.py) -----------------------------------------------------
+
+    def attempt_state(self) -> dict[str, Any]:
+        """The attempt starting now, the restarts allowed, and the newest checkpoint committed in
+        this run (a ctx job's rank 0 resumes from it)."""
+        latest = self._latest_checkpoint
+        return {**self._attempts.state(), "latest_uri": latest.uri if latest else None}
+
+    def attempt_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
+        """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""
+        self._attempts.report(attempt, worker, failure, time.time())
+
+    def attempt_verdict(self, attempt: int) -> Verdict:
+        undecided = attempt not in self._attempts.verdicts
+        verdict = self._attempts.verdict(attempt, time.time())
+        if undecided and verdict.action == RESTART:
+            self._attempt = verdict.attempt
+            self._watchdog.new_attempt(self._attempt, self._ranks, time.time())
+            self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
+                                     max_restarts=self._attempts.max_restarts, failure=verdict.failure))
+        return verdict
+
+    def beat(self, attempt: int, beat: Beat) -> BeatReply:
+        """A rank's heartbeat. The reply tells it whether to end now, or to stop (a hang verdict is
+        a failure of the attempt: every rank restarts in place, attempts.py)."""
+        now = time.time()
+        if beat.rank == 0 and beat.step > self._last_steps.get(attempt, (0, 0.0))[0]:
+            self._last_steps[attempt] = (beat.step, now)
+        undecided = self._watchdog.verdict is None
+        verdict = self._watchdog.observe(attempt, beat, now)
+        stop = self._stop_requested is not None
+        if verdict is not None and undecided:
+            for rank in verdict.ranks:
+                self._attempts.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
+                                                  "error": verdict.message, "hang": verdict.to_record()}, now)
+        return BeatReply(abort=self._abort_reason, stop=stop)
+
+    def last_steps(self) -> dict[int, tuple[int, float]]:
+        return dict(self._last_steps)
+
+    def failure_context(self) -> dict[str, Any]:
+        """What Ray Train's controller needs to classify a failure of the current group (a lost
+        agent): whether the run is stopping, where each rank ran, and the earlier failures'
+        errors a retry could have got past (an error back at the same step is the data's). A hang
+        is never one: its ranks restart in place."""
+        places = {e.rank: {"node_id": e.node_id, "pid": e.pid, "hostname": e.hostname}
+                  for e in self._events if isinstance(e, RankStarted) and e.attempt == self._attempt}
+        earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
+                   if isinstance(e, Failure) for r in e.ranks if r.get("signature")]
+        exhausted = None
+        if self._attempts.exhausted:
+            exhausted = (f"the run used all {self._attempts.restarts} restart(s) failure.max_failures "
+                         f"({self._attempts.max_restarts}) allows, in place and of the whole group together")
+        return {"stopping": self._stop_requested is not None, "places": places,
+                "taken_over": self._taken_over, "restarts_exhausted": exhausted,
+                "earlier": earlier}
+
+    def request_stop(self, deadline: float) -> None:
+        if self._stop_requested is None:
+            self._stop_requested = deadline
+            self.push(StopRequested(deadline=deadline))
+
+    def take_over(self, reason: str) -> None:
+        """Another driver took the run over (the lease's heartbeat noticed): end the current worker
+        group now, without a restart, its failure classified as taken_over."""
+        self._taken_over = reason
+        self.request_stop(time.time())
+        self._abort_reason = f"this driver lost the run to another driver: {reason}"
+
+    def abort(self, reason: str) -> None:
+        """End the current worker group now (a stop whose grace period ran out)."""
+        self._abort_reason = reason

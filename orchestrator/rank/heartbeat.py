@@ -1,0 +1,136 @@
+"""A rank's heartbeat: what its training thread is doing, sent to the run monitor every second.
+
+The training thread only sets a few attributes (`phase`, `stepped`): nothing on the hot path
+talks to the monitor. A daemon thread sends them (through its agent: agent_link.py), with where
+the training thread stands, and acts on the reply:
+- the ranks are to end now (a stop whose grace ran out, the run taken over by another driver):
+  this rank ends its own process with HANG_EXIT_CODE, which its agent takes as that order. The
+  training thread may be blocked in a collective that would otherwise wait for half an hour,
+  and a process that exits needs nobody's cooperation. (A hang verdict is not sent this way: the
+  run monitor restarts every rank in place through their agents, monitor/attempts.py.);
+- the driver asked the run to stop: `stop_requested` turns true, and the next step's agreement
+  (`cadence.py`) takes a last checkpoint and ends training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from orchestrator.failures import is_user_file
+from orchestrator.protocol import Beat
+
+log = logging.getLogger("orchestrator.worker")
+
+# Seconds between heartbeats.
+HEARTBEAT_INTERVAL_S = 1.0
+# Seconds a heartbeat may wait for the monitor's reply.
+REPLY_TIMEOUT_S = 10.0
+# Exit status of a worker that ends itself because its group hung.
+HANG_EXIT_CODE = 75
+
+# What the training thread does. "training" is timed by failure.hang_timeout_s; "starting" (up to
+# the group's first optimizer step), "checkpoint" and "finishing" have limits of their own; the
+# rest are not timed (watchdog.py).
+STARTING, TRAINING, CHECKPOINT, VALIDATION, EPOCH_END, FINISHING = (
+    "starting", "training", "checkpoint", "validation", "epoch_end", "finishing")
+# A torchrun script's rank says only this much (monitor/watchdog.py judges it by its liveness): it
+# has taken no optimizer step yet, or it exited 0.
+WORKING, FINISHED = "working", "finished"
+
+
+class Heartbeat:
+    def __init__(self, monitor, attempt: int, rank: int, *, node_id: str = "",
+                 flush_logs: Callable[[], None] = lambda: None, interval_s: float = HEARTBEAT_INTERVAL_S):
+        self.monitor, self.attempt, self.rank = monitor, attempt, rank
+        self.node_id = node_id
+        self.step = 0
+        self.phase = STARTING
+        self._since = time.monotonic()
+        # Until this group's first optimizer step, training counts as starting: a first step
+        # that compiles the model or autotunes kernels is legitimately long, on every restart.
+        self._stepped_once = False
+        self.stop_requested = False
+        self._flush_logs = flush_logs
+        self._interval_s = interval_s
+        self._training_thread = threading.get_ident()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orchestrator-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # --- called by the training thread -------------------------------------------------------
+
+    def stepped(self, step: int) -> None:
+        """After every optimizer step: progress, and back in the timed phase."""
+        self.step = step
+        self.phase = TRAINING
+        self._stepped_once = True
+        self._since = time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        if phase == TRAINING and not self._stepped_once:
+            phase = STARTING
+        self.phase = phase
+        self._since = time.monotonic()
+
+    @contextlib.contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """Mark a block as `phase` (not timed unless TRAINING), then resume the previous phase."""
+        previous = self.phase
+        self.enter(phase)
+        try:
+            yield
+        finally:
+            self.enter(previous)
+
+    # --- the heartbeat thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._interval_s):
+            try:
+                reply = self.monitor.beat(self.attempt, self._beat(), REPLY_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a missed beat is the watchdog's to judge, not ours
+                continue
+            if reply.stop:
+                self.stop_requested = True
+            if reply.abort and not self._closed.is_set():
+                self._end_process(reply.abort)
+
+    def _beat(self) -> Beat:
+        idle = time.monotonic() - self._since
+        return Beat(rank=self.rank, step=self.step, phase=self.phase, idle_s=idle, node_id=self.node_id,
+                    pid=os.getpid(), frame=self._frame() if idle > 2 else "")
+
+    def _frame(self) -> str:
+        """Where the training thread stands: its innermost frame in the user's own code, and the
+        innermost frame of all (`at train.py:88 in train_loop, in threading.py:355 wait`)."""
+        frame = sys._current_frames().get(self._training_thread)
+        if frame is None:
+            return ""
+        innermost, own = frame, None
+        while frame is not None and own is None:
+            if is_user_file(frame.f_code.co_filename):
+                own = frame
+            frame = frame.f_back
+        parts = [_where(f) for f in (own, innermost) if f is not None]
+        return "at " + ", in ".join(dict.fromkeys(parts))
+
+    def _end_process(self, reason: str) -> None:
+        log.error("ending rank %d now: %s (the newest committed checkpoint is kept)", self.rank, reason)
+        self._flush_logs()
+        os._exit(HANG_EXIT_CODE)
+
+
+def _where(frame) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"

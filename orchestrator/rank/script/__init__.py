@@ -1,0 +1,5 @@
+"""The torchrun script path in a rank child: bootstrap.py runs the user's script as `__main__`.
+
+bootstrap.py is started by its file's path, so this folder is the child's sys.path[0] until the
+script's own folder replaces it: it holds nothing a rank imports by name (torch, lightning, ...).
+"""

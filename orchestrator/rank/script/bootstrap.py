@@ -1,0 +1,292 @@
+"""What each rank of a torchrun script runs: the script itself, as `__main__`, plus four things.
+
+    python .../bootstrap.py (SCRIPT | -m MODULE) [ARGS...]
+
+- Progress: torch's public global optimizer hook counts optimizer steps, and the median time
+  between consecutive ones, into a small file the node's agent reads every second (the heartbeat
+  the hang watchdog judges; the step time goodput counts).
+- Liveness beside the steps: a daemon thread looks at the main thread's Python stack once a
+  second and notes in the same file when it last moved, so that a script that never steps an
+  optimizer (evaluation, preprocessing, a hand-written update) is judged by whether it still runs.
+- Stacks on a hang verdict: faulthandler dumps every thread's Python stack into this rank's log
+  on ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, once the attempt is judged
+  hung), and the rank then ends by that signal, from within the handler: a frozen rank that is
+  continued for its dump takes no step and writes no checkpoint past the verdict.
+- The outcome: an uncaught exception is printed as Python prints it, classified with the same
+  rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
+  `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
+
+It is run by path, not as `-m orchestrator...`, so that nothing is imported before the script
+but the standard library: no Ray, and torch only once the script imports it. The process dies
+with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
+
+    python .../bootstrap.py --spare MODULE[,MODULE...] -m orchestrator.rank.rank_main
+
+is a spare for the next attempt of a ctx or Lightning rank (spares.py): it imports those modules
+(torch, Lightning, the harness: seconds of a restart) and waits; the agent hands it the attempt's
+environment as one JSON line on its stdin, and it goes on as a rank started afresh would. An
+end of its stdin without a line ends it. It imports at the lowest priority (niceness 19), so
+that the ranks training beside it keep their cores, where it may take its niceness back after
+(root, or RLIMIT_NICE allowing it); at a restart the old ranks are gone and the cores its own.
+"""
+
+import collections
+import faulthandler
+import importlib
+import json
+import os
+import runpy
+import signal
+import struct
+import sys
+import threading
+import time
+
+# The beat file: optimizer steps taken, time.monotonic() of the last one, the median seconds
+# between consecutive steps (0 before the second), time.monotonic() of the stack's last move.
+BEAT = struct.Struct("<qddd")
+STACK_OFFSET = 24
+# Steps whose intervals the median is taken over, and seconds between its updates.
+INTERVALS_KEPT = 64
+MEDIAN_EVERY_S = 0.5
+# A spare's niceness while it imports.
+SPARE_NICENESS = 19
+# Seconds between looks at the main thread's stack, and the frames compared.
+STACK_LOOK_S = 1.0
+STACK_DEPTH = 32
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor still ends its children itself
+        return
+    if os.getppid() != int(os.environ.get("ORCHESTRATOR_SUPERVISOR_PID", os.getppid())):
+        os._exit(1)  # the supervisor died before the prctl took hold
+
+
+def _take_niceness() -> None:
+    """The niceness of the user's shell, as under torchrun, rather than the one Ray gives its
+    workers (15); lowering it needs the privilege to (root, CAP_SYS_NICE), else it stays."""
+    wanted = os.environ.get("ORCHESTRATOR_NICENESS")
+    if wanted is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(wanted))
+    except (OSError, ValueError):
+        pass
+
+
+def _open_beat_file(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    now = time.monotonic()
+    os.pwrite(fd, BEAT.pack(0, now, 0.0, now), 0)
+    return fd
+
+
+def _watch_stack(fd: int) -> None:
+    """Note when the main thread's Python stack last moved (a thread of its own, once a second)."""
+    main = threading.main_thread().ident
+    last = None
+
+    def look() -> None:
+        nonlocal last
+        while True:
+            time.sleep(STACK_LOOK_S)
+            frame = sys._current_frames().get(main)
+            here = []
+            while frame is not None and len(here) < STACK_DEPTH:
+                here.append((id(frame.f_code), frame.f_lasti))
+                frame = frame.f_back
+            del frame
+            if here != last:
+                last = here
+                os.pwrite(fd, struct.pack("<d", time.monotonic()), STACK_OFFSET)
+
+    threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
+
+
+def _count_optimizer_steps(beat_fd: list) -> None:
+    """Register the global optimizer hook once torch is imported (by the script, not by us): it
+    counts into the beat file beat_fd[0] (a spare's is opened once the agent hands it an attempt)."""
+    steps = [0]
+    intervals: collections.deque = collections.deque(maxlen=INTERVALS_KEPT)
+    timing = {"last": 0.0, "median": 0.0, "computed": 0.0}
+
+    def stepped(optimizer, args, kwargs) -> None:
+        fd = beat_fd[0]
+        if fd is None:
+            return
+        now = time.monotonic()
+        steps[0] += 1
+        if steps[0] > 1:
+            intervals.append(now - timing["last"])
+            if now - timing["computed"] >= MEDIAN_EVERY_S or len(intervals) < 4:
+                timing["median"], timing["computed"] = sorted(intervals)[len(intervals) // 2], now
+        timing["last"] = now
+        os.pwrite(fd, struct.pack("<qdd", steps[0], now, timing["median"]), 0)
+
+    class _Finder:
+        """Hooks torch.optim the moment the script imports it (an import hook, removed after)."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch.optim.optimizer":
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+            loader = spec.loader
+            original = loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                module.register_optimizer_step_post_hook(stepped)
+
+            loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _write_failure(exc: BaseException, target: str) -> None:
+    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    if not path:
+        return
+    try:
+        record = _classified(exc, target)
+    except Exception as problem:  # noqa: BLE001 - the exit status still says it failed
+        record = {"kind": "user", "error": f"{type(exc).__name__}: {exc}", "where": "",
+                  "note": f"(could not be classified: {problem})"}
+    with open(path + ".partial", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".partial", path)
+
+
+def _classified(exc: BaseException, target: str) -> dict:
+    if isinstance(exc, SystemExit):
+        # The script's own choice (some exit non-zero on purpose to be restarted): torchrun
+        # restarts it, and so does its agent, within the restarts allowed.
+        return {"kind": "exit", "error": f"the script exited with status {exc.code} (sys.exit)", "where": "",
+                "signature": ""}
+    from orchestrator.failures import WorkerFailure
+
+    # A ctx rank (rank/rank_main.py) notes the step it failed at: a restart that brings the
+    # same error back at the same step is the data's (monitor/attempts.py).
+    step = getattr(exc, "orchestrator_step", None)
+    record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0")), step=step).record
+    return {"kind": record.kind, "error": record.error, "where": record.where, "signature": record.signature,
+            "fault": record.fault, "step": record.step}
+
+
+def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
+    """A spare: the optimizer hook in place, `modules` imported, then the attempt's environment
+    from the agent (True), or the end of stdin (False: it was not needed)."""
+    _count_optimizer_steps(beat_fd)
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    humble = _may_lower_to(niceness)
+    if humble:
+        os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICENESS)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank's own import, after the handover, says what is wrong
+            break
+    line = sys.stdin.readline()
+    if not line.strip():
+        return False
+    if humble:  # every thread, those its imports started included (Linux's niceness is per thread)
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            except OSError:
+                pass
+    os.environ.clear()
+    os.environ.update(json.loads(line))
+    return True
+
+
+def _may_lower_to(niceness: int) -> bool:
+    """Whether this process may take `niceness` back after raising it: CAP_SYS_NICE, or RLIMIT_NICE."""
+    try:
+        import resource
+
+        with open("/proc/self/status") as f:
+            caps = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
+        return bool(caps & (1 << 23)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
+    except (ImportError, OSError, ValueError, StopIteration):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    spare = None
+    if argv[:1] == ["--spare"] and len(argv) > 1:
+        spare, argv = [m for m in argv[1].split(",") if m], argv[2:]
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: bootstrap.py [--spare MODULES] (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        return 2
+    _die_with_parent()
+    _take_niceness()
+    beat_fd: list = [None]
+    if spare is not None and not _wait_as_spare(spare, beat_fd):
+        return 0
+    stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
+    # chain: after the dump, the signal's default action (the end of the process) runs, before
+    # the main thread runs another line of the script.
+    faulthandler.register(stack_signal, file=sys.stderr, all_threads=True, chain=True)
+    if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
+        if spare is None:
+            _count_optimizer_steps(beat_fd)
+        beat_fd[0] = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
+        _watch_stack(beat_fd[0])
+    # Python's own start-up for `python SCRIPT` / `python -m MODULE`: argv, and sys.path[0].
+    if argv[0] == "-m":
+        target, module = argv[1], argv[1]
+        sys.argv = [target, *argv[2:]]
+        sys.path[0] = os.getcwd()
+    else:
+        target, module = os.path.abspath(argv[0]), None
+        sys.argv = [argv[0], *argv[1:]]
+        sys.path[0] = os.path.dirname(target)
+    try:
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            _returned()
+            return 0
+        _write_failure(exc, target)
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - printed as Python would, then classified
+        import traceback
+
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+        _write_failure(exc, target)
+        return 1
+    _returned()
+    return 0
+
+
+def _returned() -> None:
+    """The script ran to its end: a crash after this (a library's teardown at exit) is no failure."""
+    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    if path:
+        with open(path + ".returned", "w"):
+            pass
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

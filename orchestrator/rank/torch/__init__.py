@@ -1,0 +1,1 @@
+"""The plain-PyTorch path in a rank child: train_loop(ctx)."""

@@ -1,1 +1,0 @@
-"""The Lightning path inside a worker: fit, fsdp, deepspeed, loggers, the Parquet DataModule."""

@@ -1,1 +1,0 @@
-"""The plain-PyTorch path inside a worker: train_loop(ctx)."""
