@@ -9,10 +9,10 @@
 #
 # 0. install   bash bench/device_install.sh: Ray, the project and its deepspeed extra from .whl/
 #              with pip --no-index (nothing when they already import).
-# 1. tests     python -m pytest -q -m slow tests/test_gpu.py: the GPT job with NCCL and bf16-mixed under
+# 1. tests     python -m pytest -q -m slow tests/e2e/test_gpu.py: the GPT job with NCCL and bf16-mixed under
 #              Lightning ddp, fsdp and deepspeed, saved and resumed through the store.
 # 2. torchrun  orchestrator torchrun --gpu --nproc_per_node N (N = GPUs, at most 2) of
-#              tests/torchrun_seed.py (NCCL; it calls torch.cuda.set_device(LOCAL_RANK)): must finish,
+#              tests/helpers/torchrun_seed.py (NCCL; it calls torch.cuda.set_device(LOCAL_RANK)): must finish,
 #              and every rank's cuda_device (its --env_out JSON) must equal its LOCAL_RANK.
 # 3. gpt       python bench/lightning_gpt.py --gpu, one short round: samples/s of the orchestrator ÷
 #              plain Lightning under torchrun (and ÷ Ray Train alone).
@@ -109,7 +109,7 @@ if [ "$NPROC" -lt 2 ]; then
 fi
 
 # 1. The GPU tests.
-if step tests 240 "$PY" -m pytest -q -m slow -p no:cacheprovider tests/test_gpu.py; then
+if step tests 240 "$PY" -m pytest -q -m slow -p no:cacheprovider tests/e2e/test_gpu.py; then
     if ! grep -qE '[0-9]+ passed' "$LOGS/tests.log"; then
         SUMMARY[${#SUMMARY[@]}-1]="FAIL  tests: no GPU test ran although torch sees $GPUS GPU(s)"
         FAILED=1
@@ -120,7 +120,7 @@ fi
 # 2. orchestrator torchrun --gpu: NCCL, one GPU a rank, cuda_device == LOCAL_RANK.
 RUNS=$(mktemp -d /tmp/gpu-torchrun-XXXXXX)
 if step torchrun 80 "$PY" -m orchestrator torchrun --gpu --nproc_per_node "$NPROC" --max_restarts 0 \
-        --storage "$RUNS" --name seed tests/torchrun_seed.py --work_dir '{run_dir}/work' --epochs 2 \
+        --storage "$RUNS" --name seed tests/helpers/torchrun_seed.py --work_dir '{run_dir}/work' --epochs 2 \
         --env_out "$RUNS/env"; then
     if check=$("$PY" - "$RUNS" "$NPROC" 2>&1 <<'EOF'
 import json, os, sys

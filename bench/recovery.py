@@ -36,7 +36,7 @@ waited for at most --timeout seconds and reported as "> TIMEOUT s (did not recov
                              [--side both|orchestrator|raw] [--hang-timeout 60]
                              [--fast-health-checks] [--timeout 300] [--keep DIR]
 
---fast-health-checks gives the head Ray's `_system_config` health checks of tests/test_node_loss.py
+--fast-health-checks gives the head Ray's `_system_config` health checks of tests/e2e/test_node_loss.py
 (period 1 s, timeout 1 s, 3 misses: a dead node is declared dead in ~3 s; with Ray's defaults,
 3 s, 10 s and 5 misses, the other raylets heard of the death ~13 s after the kill here).
 Off by default: the fair comparison is what each user gets from a cluster started with Ray's
@@ -83,7 +83,7 @@ from bench.jsonl import read_jsonl  # noqa: E402
 
 SIDES = ("orchestrator", "raw")
 FAULTS = ("node", "sigstop", "elastic")
-# tests/test_node_loss.py's settings; Ray's defaults are a 3 s period, 10 s timeout, 5 misses.
+# tests/e2e/test_node_loss.py's settings; Ray's defaults are a 3 s period, 10 s timeout, 5 misses.
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_timeout_ms": 1000}
 CHECKPOINT_EVERY = 10

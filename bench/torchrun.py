@@ -1,6 +1,6 @@
 """torchrun scripts: an unmodified torchrun script under `orchestrator torchrun` against plain `torchrun`.
 
-The script is tests/torchrun_seed.py (env:// init, DistributedSampler, DDP, SGD with momentum, its
+The script is tests/helpers/torchrun_seed.py (env:// init, DistributedSampler, DDP, SGD with momentum, its
 own checkpoint at each epoch end, --resume_from latest), 2 ranks on this machine. Rank 0 appends
 its events to <work_dir>/events.jsonl ("start" after init_process_group, "first_step" after the
 first optimizer step of each start of the ranks, "rate"); a fault leaves a marker file holding the
@@ -81,7 +81,7 @@ sys.path.insert(0, REPO)
 
 from bench.jsonl import read_jsonl  # noqa: E402 - after the path is set
 
-SEED = os.path.join(REPO, "tests", "torchrun_seed.py")
+SEED = os.path.join(REPO, "tests", "helpers", "torchrun_seed.py")
 LIGHTNING_SCRIPT = os.path.join(REPO, "bench", "torchrun_lightning_job.py")
 PARTS = {"a": "steps/s", "b": "SIGKILL, in place", "c": "SIGKILL, ctx path", "d": "SIGSTOP",
          "e": "SIGKILLed agent, ctx path", "l": "SIGKILL, Lightning path", "m": "SIGKILLed agent, Lightning path"}

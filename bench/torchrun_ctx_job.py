@@ -1,4 +1,4 @@
-"""bench/torchrun.py's ctx-path job: tests/torchrun_seed.py's training, written for `orchestrator run`.
+"""bench/torchrun.py's ctx-path job: tests/helpers/torchrun_seed.py's training, written for `orchestrator run`.
 
 The same MLP (32 -> width -> 4), the same synthetic data (torch.manual_seed(0), `samples` rows),
 SGD with momentum, the same per-rank batch size and the same `step_sleep` after each optimizer

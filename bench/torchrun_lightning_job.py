@@ -1,4 +1,4 @@
-"""bench/torchrun.py's Lightning-path job: tests/torchrun_seed.py's training as a LightningModule.
+"""bench/torchrun.py's Lightning-path job: tests/helpers/torchrun_seed.py's training as a LightningModule.
 
 The same MLP (32 -> width -> 4), data (torch.manual_seed(0), `samples` rows), SGD with momentum,
 per-rank batch size and `step_sleep` after each optimizer step as bench/torchrun_ctx_job.py, run by

@@ -4,7 +4,7 @@
     result = orchestrator.run("jobs/quickstart.yaml", scaling__num_workers=2)
     print(result.status, result.metrics, result.weights_sha256)
 
-Which process runs each folder (each imports only from the rows above it; tests/test_layout.py checks both):
+Which process runs each folder (each imports only from the rows above it; tests/project/test_layout.py checks both):
     errors, storage, run_dir, failures,   every process: errors, files, the run's folder, what failed,
     protocol, processes, ray_private      the typed messages, processes by id, Ray's private API
     data/           the driver (its input check) and the ranks (loading): the global sample order, Parquet

@@ -1,8 +1,15 @@
-"""One root for every error the orchestrator raises on purpose.
+"""One root for every error the orchestrator raises on purpose, in two kinds and two outcomes.
 
-A `UserError` is something the person running the job can fix (a bad spec, a missing file, a
-wrong flag): the CLI prints its message alone and exits 2. Anything else that stops a run is a
-`TrainingFailed` (exit 1). Messages follow one shape: what value, why it is wrong, how to fix it.
+- `UserError`: something the person running the job can fix (a bad spec, a missing file, a wrong
+  flag, a misused `ctx` call): the CLI prints its message alone and exits 2; a rank that raises
+  one is not retried.
+- `InfrastructureError`: the world failed (a node, the network, storage, a side group that did not
+  form): a rank that raises one is retried against failure.max_failures.
+- `TrainingFailed` (exit 1) and `RunStopped` (130/143) are how a run ended; `LeaseLost` says a
+  newer driver took the run over.
+Messages follow one shape: what value, why it is wrong, how to fix it. Errors defined next to the
+code that raises them (checkpoint/, data/, failures.py...) derive from these; tests/unit/test_errors.py
+checks that every exception class of the package does.
 """
 
 from __future__ import annotations
@@ -26,6 +33,16 @@ class OrchestratorError(Exception):
 
 class UserError(OrchestratorError):
     """A mistake in the spec, the arguments or the environment that the user can fix."""
+
+
+class ContextMisuse(UserError):
+    """An orchestrator call made in a way the run cannot honour (`ctx.track`, `ctx.step`...); the
+    message names the call and the fix."""
+
+
+class InfrastructureError(OrchestratorError):
+    """Something outside the user's code and spec failed; trying again may help. The message says
+    what failed and what to check."""
 
 
 class SpecError(UserError):
@@ -53,10 +70,9 @@ class RunStopped(OrchestratorError):
     def __reduce__(self):
         return (self.__class__, (self.message, self.signal_name))
 
-
-
 class LeaseLost(OrchestratorError):
     """A newer driver took the run over (checkpoint/lease.py); the writer that gets this must stop writing."""
+
 
 def nearest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -47,7 +47,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import LeaseLost, OrchestratorError, UserError
+from orchestrator.errors import InfrastructureError, LeaseLost, OrchestratorError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _fault(exc: BaseException) -> str:
 def _is_infrastructure(exc: BaseException) -> bool:
     if isinstance(exc, WorkerFailure):
         return exc.kind != USER
-    if isinstance(exc, TransientStartError):
+    if isinstance(exc, InfrastructureError):  # raised on purpose: a start that could not read, a side group...
         return True
     # Ray is not imported here (a torchrun script's child process classifies its own errors without
     # it); an exception of Ray's can only exist where Ray was imported.
@@ -303,7 +303,7 @@ def _signature(exc: BaseException, where: str) -> str:
     return hashlib.sha256(f"{error_line(exc)}|{where}".encode()).hexdigest()[:16]
 
 
-class TransientStartError(OrchestratorError):
+class TransientStartError(InfrastructureError):
     """A worker group could not start from its checkpoint (a rank could not read it); retried."""
 
 

@@ -2,7 +2,7 @@
 
 Ray offers no public way to do these three things; each is wrapped here, and each raises a clear
 error on a Ray version outside CHECKED_RAY (pyproject.toml pins the same range), instead of
-failing somewhere inside Ray. `tests/test_private_api.py` fails on any private name of Ray,
+failing somewhere inside Ray. `tests/unit/test_ray_private.py` fails on any private name of Ray,
 Lightning or torch used outside this module.
 
 - Token authentication switched on after Ray was imported: Ray reads RAY_AUTH_MODE and caches
@@ -19,13 +19,15 @@ from __future__ import annotations
 import functools
 import os
 
+from orchestrator.errors import UserError
+
 # The Ray versions whose sources these uses were read in.
 CHECKED_RAY = ((2, 60), (2, 61))
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
-class UnsupportedRay(RuntimeError):
-    pass
+class UnsupportedRay(UserError):
+    """Ray's version is outside CHECKED_RAY; the message names it and the versions to install."""
 
 
 def restore_environ(saved: dict[str, str | None]) -> None:

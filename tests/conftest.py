@@ -35,14 +35,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The tests that start loopback clusters in the test process (ray.cluster_utils.Cluster), by
 # nodeid prefix. Under pytest -n they run on one worker, one after another: the shared cluster
-# (tests/clusters.py) is started once for them, and no two clusters with Ray's fixed default
+# (tests/helpers/clusters.py) is started once for them, and no two clusters with Ray's fixed default
 # ports (the dashboard's) run at once.
 IN_PROCESS_CLUSTERS = (
-    "tests/test_elastic.py::",
-    "tests/test_node_loss.py::",
-    "tests/test_placement.py::",
-    "tests/test_doctor.py::test_doctor_passes_a_sound_cluster",
-    "tests/test_torchrun.py::test_two_nodes_of_two_ranks",
+    "tests/e2e/test_elastic.py::",
+    "tests/e2e/test_node_loss.py::",
+    "tests/e2e/test_placement.py::",
+    "tests/unit/cli/test_doctor_checks.py::test_doctor_passes_a_sound_cluster",
+    "tests/e2e/test_torchrun.py::test_two_nodes_of_two_ranks",
 )
 
 

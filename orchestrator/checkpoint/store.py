@@ -79,7 +79,7 @@ def _hold_nothing(_name: str) -> bool:
     return False
 
 
-class CorruptCheckpoint(Exception):
+class CorruptCheckpoint(CheckpointError):
     """A checkpoint failed verification; `reason` says what was wrong. Only for a verified fault:
     a storage error that says nothing of the checkpoint is CheckpointUnreadable instead."""
 
@@ -87,6 +87,9 @@ class CorruptCheckpoint(Exception):
         super().__init__(f"{name}: {reason}")
         self.name = name
         self.reason = reason
+
+    def __reduce__(self):
+        return (self.__class__, (self.name, self.reason))
 
 
 @dataclass

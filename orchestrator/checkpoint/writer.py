@@ -19,7 +19,12 @@ from collections.abc import Callable
 from orchestrator.checkpoint.files import Payload
 from orchestrator.checkpoint.manifest import Manifest
 from orchestrator.checkpoint.store import CheckpointInfo, CheckpointStore
-from orchestrator.errors import UserError
+from orchestrator.errors import OrchestratorError, UserError
+
+
+class BackgroundWriteFailed(OrchestratorError, RuntimeError):
+    """A background checkpoint write failed; its cause is the error (failures.py classifies the run
+    by the cause: a full disk is the user's, a storage error the infrastructure's)."""
 
 
 class AsyncCheckpointWriter:
@@ -98,7 +103,8 @@ class AsyncCheckpointWriter:
             error, self._error = self._error, None
             if isinstance(error, UserError):  # e.g. StorageFull: its own message says what to do
                 raise error
-            raise RuntimeError(f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
+            raise BackgroundWriteFailed(
+                f"a background checkpoint write failed: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:
         """Wait for the write in flight (raising its error), then end the background thread."""

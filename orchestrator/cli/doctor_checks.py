@@ -50,6 +50,7 @@ from orchestrator.cli.doctor_probes import (
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.cluster.environment import QUIET_RAY_ENV
+from orchestrator.errors import InfrastructureError
 from orchestrator.spec import DEFAULT_STORAGE, FailureSpec, JobSpec
 
 # Seconds each node gets to answer its probe, and the all-reduce to finish.
@@ -404,5 +405,5 @@ def _allreduce(workers: int, use_gpu: bool, gloo_timeout_s: float | None = None)
     if "error" in outcome:
         raise outcome["error"]
     if timings is None:
-        raise RuntimeError("rank 0 finished without reporting its timings")
+        raise InfrastructureError("rank 0 of the all-reduce check finished without reporting its timings")
     return timings

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import torch
 
 from orchestrator import storage
-from orchestrator.errors import UserError, nearest
+from orchestrator.errors import InfrastructureError, UserError, nearest
 
 # torch dtypes a column may become, by the name the spec uses.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -44,7 +44,7 @@ class DataError(UserError):
     """The data section's input cannot be read as asked."""
 
 
-class ParquetReadError(OSError):
+class ParquetReadError(InfrastructureError, OSError):
     """A row group pyarrow could not read or decode while training (a damaged page, access denied).
 
     An OSError without errno, as pyarrow's own error is: the first one is retried as a storage

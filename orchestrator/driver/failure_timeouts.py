@@ -25,7 +25,7 @@ too many workers: with a 10 s start timeout (retried without limit) the next try
 cluster really has, comes soon instead of after a minute.
 
 What the cluster decides (the GCS health checks that declare a node dead, ~30 s by default) is
-the cluster's: see README, "Fast recovery".
+the cluster's: see docs/failures.md, "Fast recovery".
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from orchestrator.errors import InfrastructureError
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply, Event
 from orchestrator.worker_config import LinkAddress
 
@@ -67,7 +68,7 @@ class AgentLink:
                 if answered == call:
                     break
         if not ok:
-            raise RuntimeError(f"the node's agent could not pass on {op}: {value}")
+            raise InfrastructureError(f"the node's agent could not pass on {op}: {value}")
         return value
 
 

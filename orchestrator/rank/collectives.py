@@ -24,13 +24,15 @@ from typing import Any
 
 import torch.distributed as dist
 
+from orchestrator.errors import InfrastructureError
+
 # Seconds to form the side group, and for each collective on it; None: torch's default (30 min).
 _connect_timeout_s: float | None = None
 _timeout_s: float | None = None
 _group = None
 
 
-class GlooGroupError(RuntimeError):
+class GlooGroupError(InfrastructureError):
     """The gloo side group did not form; the message says what to set. Raised from torch's own
     error (a communication error: the failure is retried like a lost connection)."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from orchestrator.errors import UserError
+
 NODE_ID_VAR = "ORCHESTRATOR_NODE_ID"
 # The torch devices Ray Train gave a node agent, comma-separated ("cpu", "cuda:0,cuda:1"): its rank
 # child LOCAL_RANK trains on the LOCAL_RANK-th.
@@ -29,8 +31,9 @@ class RankIdentity:
         env = os.environ
         missing = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name not in env]
         if missing:
-            raise RuntimeError(f"{', '.join(missing)} not set: a rank runs under torchrun's environment "
-                               "(its node's agent sets it)")
+            raise UserError(f"{', '.join(missing)} not set: a rank runs under torchrun's environment, which "
+                            "its node's agent sets. Fix: start the job with `orchestrator run SPEC` (or "
+                            "`orchestrator torchrun ...`), not by importing its harness.")
         return cls(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env["LOCAL_RANK"]),
                    local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")), node_id=env.get(NODE_ID_VAR, ""))
 

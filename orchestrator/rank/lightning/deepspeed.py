@@ -37,6 +37,8 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.pytorch.strategies.deepspeed import DeepSpeedStrategy
 
+from orchestrator.errors import CheckpointError
+
 FILE_PREFIX = "deepspeed-"
 TAG = "checkpoint"  # DeepSpeed's folder for one checkpoint (Lightning's tag)
 OBJECT_KEY = "__deepspeed_object__"
@@ -215,7 +217,9 @@ class StoreDeepSpeedStrategy(DeepSpeedStrategy):
             shutil.rmtree(load_dir, ignore_errors=True)
             self.files.release()
         if client_state is None:
-            raise RuntimeError(f"DeepSpeed could not load checkpoint {checkpoint_path}")
+            raise CheckpointError(f"DeepSpeed could not load checkpoint {checkpoint_path}: it found no state of its "
+                                  "own there. Fix: resume with the strategy the checkpoint was written with, or "
+                                  "start a new run (another name, or resume_from: none).")
         return client_state
 
 

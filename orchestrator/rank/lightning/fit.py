@@ -38,6 +38,7 @@ from orchestrator.checkpoint.names import LIGHTNING_STATE, shard_file
 from orchestrator.checkpoint.serialization import plain_state
 from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_global_batch
 from orchestrator.data.seeded import global_order_loader
+from orchestrator.errors import CheckpointError
 from orchestrator.rank.batches import batch_len
 from orchestrator.rank.fingerprint import weights_sha256
 from orchestrator.rank.heartbeat import EPOCH_END, FINISHING, TRAINING, VALIDATION
@@ -101,7 +102,9 @@ class StoreCheckpointIO(CheckpointIO):
     def load_checkpoint(self, path, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
         if self._restored is None:
-            raise RuntimeError(f"no checkpoint to resume from was loaded for {path}")
+            raise CheckpointError(f"Lightning asked to load {path}, but this rank loaded no checkpoint to resume "
+                                  "from: the checkpoint is the orchestrator's to choose. Fix: leave ckpt_path out of "
+                                  "trainer.fit and set resume_from in the spec.")
         restored, self._restored = self._restored, None  # handed over once: Lightning owns it now
         return restored
 

@@ -32,7 +32,7 @@ from orchestrator.data.order import GlobalOrderSampler, StepTracker, split_globa
 from orchestrator.data.parquet import ParquetDataset
 from orchestrator.data.seeded import global_order_loader
 from orchestrator.data.sources import open_source
-from orchestrator.errors import UserError
+from orchestrator.errors import ContextMisuse, UserError
 from orchestrator.rank.batches import batch_len, to_device
 from orchestrator.rank.fingerprint import weights_sha256
 from orchestrator.rank.heartbeat import EPOCH_END, FINISHING, TRAINING
@@ -196,10 +196,15 @@ class TrainContext:
         """
         for name, obj in objects.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
+                raise ContextMisuse(f"ctx.track({name}=...): {type(obj).__name__} has no state_dict() and "
+                                    "load_state_dict(), so it can be neither saved nor restored. Fix: track the "
+                                    "model, optimizer, LR scheduler or grad scaler, or wrap other state in an "
+                                    "object with both methods.")
             if self._restored is not None and name not in self._restored.objects:
-                raise KeyError(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
-                               f"'{name}' (it has {sorted(self._restored.objects)})")
+                raise ContextMisuse(f"ctx.track({name}=...): the checkpoint being resumed holds no state named "
+                                    f"'{name}' (it has {sorted(self._restored.objects)}). Fix: track the names the "
+                                    "checkpoint was written with, or start a new run (another name, or "
+                                    "resume_from: none).")
         self._tracked.update(objects)
         if self._restored is None:
             return
@@ -241,7 +246,7 @@ class TrainContext:
         loader = self._training_loader()
         if loader is not None and loader.tracker is not None and loader in self._iterating:
             if not loader.tracker.step_due:
-                raise RuntimeError(
+                raise ContextMisuse(
                     f"ctx.step() was called after a micro-batch that does not end an optimizer step: each "
                     f"step of this run takes {self.accumulation_steps} micro-batches per rank "
                     "(scaling.global_batch_size split over the workers, at most the loader's batch_size "
@@ -310,7 +315,7 @@ class TrainContext:
 
     def _name_training_loader(self, loader: ResumableLoader) -> None:
         if loader.index != 0 and loader.batching(training=True) != loader.batching(training=False):
-            raise RuntimeError(
+            raise ContextMisuse(
                 f"the training loader is ctx.data_loader number {loader.index + 1}, but the loop "
                 "iterated the first loader before it as if it were the training loader, and with "
                 "scaling.global_batch_size the two batch differently. Fix: create the training "

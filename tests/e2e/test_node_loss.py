@@ -1,0 +1,103 @@
+"""A node lost mid-run: Ray Train restarts the worker group on the nodes that are left, the
+workers resume from the newest committed checkpoint, and the run ends with the clean run's weights.
+
+The cluster is real (`ray.cluster_utils.Cluster`, every node on loopback: the session's shared
+one, tests/helpers/clusters.py); the lost node is killed by its own process ids, its raylet and everything
+the raylet started, as when a machine dies, and a node like it is added back after the test.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from cli_runs import BackgroundRun
+from conftest import wait_for
+from node_faults import kill_node, training_worker_pids
+from ray.cluster_utils import Cluster
+from specs import torch_spec
+
+from orchestrator import storage
+from orchestrator.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def three_node_cluster(three_nodes):
+    """A head without CPUs (the driver's side) and three 1-CPU nodes for two workers (tests/helpers/clusters.py)."""
+    return three_nodes
+
+
+@pytest.mark.timeout(600)
+def test_a_node_lost_mid_run_is_replaced_and_the_run_ends_with_the_clean_weights(
+        three_node_cluster, tmp_path, clean_torch):
+    cluster = three_node_cluster
+    spec = torch_spec("node-loss", tmp_path, loop="faulty:slow_loop", sleep_s=0.1)
+    run = BackgroundRun(spec, str(tmp_path), address=cluster.address)
+    store = CheckpointStore(storage.resolve(str(tmp_path / "node-loss")))
+    wait_for(lambda: store.committed() or run.ended(), timeout=240)
+    assert not run.ended(), run.result()
+    doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
+    kill_node(cluster, doomed)
+    result = run.result()
+
+    assert result.status == "finished"
+    assert result.restarts >= 1
+    assert doomed.node_id not in {w["node_id"] for w in result.workers}
+    assert result.world_sizes_seen == [2]
+    assert result.global_step == clean_torch.global_step
+    assert result.weights_sha256 == clean_torch.weights_sha256
+
+
+# Seconds between the preemption notice and the node's end (clouds give 30 s to 2 min).
+PREEMPTION_DEADLINE_S = 10
+
+
+def _drain_for_preemption(cluster: Cluster, node, deadline_s: float) -> None:
+    """What a cloud's spot reclaim does through Ray's autoscaler: drain the node with a deadline."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._raylet.GcsClient(address=cluster.address)
+    accepted, why = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                   "spot instance reclaimed (test)", int((time.time() + deadline_s) * 1000))
+    assert accepted, why
+
+
+@pytest.mark.timeout(600)
+def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_failure(
+        three_node_cluster, tmp_path, clean_torch, monkeypatch):
+    cluster = three_node_cluster
+    monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "1")  # Ray's default: 5 s
+    marker = tmp_path / "training"
+    # Slow enough (63 steps x 0.3 s) that the run outlives the preemption deadline.
+    spec = torch_spec("preempted", tmp_path, loop="faulty:slow_loop", sleep_s=0.3, marker=str(marker), mark_at=5)
+    # No periodic checkpoints, and no failure budget: the restart must resume from the checkpoint
+    # taken on the preemption notice, and must be counted as a preemption, not a failure.
+    spec["checkpoint"] = {"every_n_steps": None, "at_epoch_end": False}
+    spec["failure"] = {"max_failures": 0}
+    run = BackgroundRun(spec, str(tmp_path), address=cluster.address)
+    wait_for(lambda: marker.exists() or run.ended(), timeout=240)
+    assert not run.ended(), run.result()
+
+    doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
+    try:
+        deadline = time.monotonic() + PREEMPTION_DEADLINE_S
+        _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
+        store = CheckpointStore(storage.resolve(str(tmp_path / "preempted")))
+        saved = wait_for(lambda: [i for i in store.committed() if i.manifest.reason == "preemption"] or run.ended(),
+                         timeout=PREEMPTION_DEADLINE_S)
+        assert not run.ended(), run.result()
+        # At the deadline Ray Train restarts the group away from the drained node; then the cloud
+        # takes the machine.
+        time.sleep(max(0.0, deadline - time.monotonic()) + 2)
+    finally:
+        kill_node(cluster, doomed)  # drained or not, it goes: the shared cluster gets a fresh node back
+    result = run.result()
+
+    assert result.status == "finished"
+    assert result.restarts == 1
+    assert result.starts[1]["restored_step"] == saved[0].step > 5
+    assert doomed.node_id not in {w["node_id"] for w in result.workers}
+    assert result.weights_sha256 == clean_torch.weights_sha256

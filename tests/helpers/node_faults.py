@@ -1,0 +1,76 @@
+"""Killing a node of a `ray.cluster_utils.Cluster` the way a machine dies, for the node-loss
+tests and the recovery benchmarks: the node's raylet and the training workers it started are
+SIGKILLed, found by their own process ids (never by a broad name). The runs on such a cluster are
+`orchestrator run --address` processes (tests/helpers/cli_runs.py), as a user's shell starts them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+from ray.cluster_utils import Cluster
+
+# Every node of a test cluster listens on loopback only, whatever this machine's interfaces are.
+LOOPBACK = "127.0.0.1"
+# Notice a dead node within a few seconds instead of Ray's default of about a minute.
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                      "health_check_timeout_ms": 1000}
+
+
+@contextlib.contextmanager
+def loopback_cluster(nodes: int = 3) -> Iterator[Cluster]:
+    """A head without CPUs (the driver's side, fast node-death checks) and `nodes` 1-CPU nodes;
+    shut down, with this process's Ray connection, at the end."""
+    import ray
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS,
+                                                            "node_ip_address": LOOPBACK})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def training_worker_pids(node) -> list[int]:
+    """The RayTrainWorker processes the node's raylet started."""
+    raylet = node.all_processes["raylet"][0].process.pid
+    pids = []
+    for pid in children(raylet):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"RayTrainWorker" in f.read():
+                    pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def kill_node(cluster, node) -> None:
+    """The node's raylet, and the workers it started, die at once (SIGKILL, no clean-up)."""
+    workers = training_worker_pids(node)
+    cluster.remove_node(node, allow_graceful=False)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
