@@ -8,7 +8,7 @@ Which process runs each folder (each imports only from the rows above it; tests/
     errors, storage, run_dir, failures,   every process: errors, files, the run's folder, what failed,
     protocol, processes, ray_private      the typed messages, processes by id, Ray's private API
     data/           the driver (its input check) and the ranks (loading): the global sample order, Parquet
-    spec/           the driver: the job spec parsed and validated, nothing more; knows nothing of Ray
+    spec/           the driver parses and validates the job spec (nothing more); every process reads its JobSpec
     cluster/        the driver: its connection to Ray, embedded and warm clusters, their records
     checkpoint/     the driver (choosing, listing) and the ranks (saving): the store, its manifests, the lease
     observe/        the monitor and agents (metrics) and the driver (goodput, summary.json)

@@ -132,6 +132,18 @@ def test_no_module_imports_from_a_higher_layer():
     assert all(layer(m) is not None for m in graph if m != "orchestrator"), "a module outside every layer"
 
 
+# What runs outside the driver (a rank, an agent, a Ray actor) and the driver's own folders.
+OFF_THE_DRIVER = ("orchestrator.rank", "orchestrator.agent", "orchestrator.monitor")
+THE_DRIVERS = ("orchestrator.cluster", "orchestrator.driver", "orchestrator.cli")
+
+
+def test_what_runs_off_the_driver_imports_nothing_of_the_drivers():
+    graph = import_graph()
+    crossing = sorted((m, n) for m, targets in graph.items() for n in targets
+                      if m.startswith(OFF_THE_DRIVER) and n.startswith(THE_DRIVERS))
+    assert crossing == []
+
+
 def test_the_package_table_names_every_folder_and_top_level_module_once():
     named = [name for row in table_rows() for name in row]
     present = sorted(entry.removesuffix(".py") for entry in os.listdir(PACKAGE)
