@@ -96,6 +96,23 @@ class RunWarning(Event):
 
 
 @dataclass(kw_only=True)
+class Straggler(Event):
+    """A rank whose own work a step stayed well above its peers' (monitor/stragglers.py)."""
+
+    kind: ClassVar[str] = "straggler"
+    rank: int
+    attempt: int
+    node_id: str = ""
+    host: str = ""
+    pid: int = 0
+    # The median seconds of its own work a step, its peers' median of theirs, and the ratio.
+    work_s: float
+    peers_median_s: float
+    ratio: float
+    message: str
+
+
+@dataclass(kw_only=True)
 class ResumeFallback(Event):
     """The checkpoint wanted was verified unreadable: the attempt resumes from an older one."""
 
@@ -204,6 +221,9 @@ class Beat:
     # sign of life (a step, its stack, its CPU time). None for the ctx and Lightning paths.
     stack_idle_s: float | None = None
     active_idle_s: float | None = None
+    # The median seconds of the rank's own work in a step (its bootstrap's _StepWork): what tells
+    # a slow rank from its peers, who wait for it in the next collective (monitor/stragglers.py).
+    work_s: float | None = None
     # When the monitor received it (the monitor's clock).
     received: float = 0.0
 

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from orchestrator import storage
 from orchestrator.agent import sessions
 from orchestrator.failures import is_user_file
+from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR  # what each rank's beat file holds
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -34,9 +34,6 @@ log = logging.getLogger("orchestrator.worker")
 # sys.path entry, and it holds nothing that shadows torch or lightning (rank/script/__init__.py).
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "script", "bootstrap.py")
 SESSIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sessions.py")
-# bootstrap.BEAT: optimizer steps, monotonic time of the last one, median seconds between steps,
-# monotonic time of the main thread's stack's last move.
-BEAT = struct.Struct("<qddd")
 STACK_SIGNAL = signal.SIGUSR2
 # Seconds a child has to end after SIGTERM before it is SIGKILLed (torchrun gives 30; a rank that is
 # being replaced has nothing left to save, and every second here is a second of the restart).
@@ -106,6 +103,7 @@ class RankProgress:
     idle_s: float  # since the last optimizer step, or since the start
     step_time_s: float  # median seconds between consecutive steps; 0 before the second
     stack_idle_s: float  # since the main thread's Python stack last moved
+    work_s: float = 0.0  # median seconds of the rank's own work in a step (rank/script/bootstrap.py); 0: unknown
 
 
 @dataclass
@@ -130,8 +128,8 @@ class Child:
         now = time.monotonic()
         if len(data) < BEAT.size:  # the bootstrap has not started yet
             return RankProgress(0, now - self.started, 0.0, now - self.started)
-        steps, last, step_time, stack_moved = BEAT.unpack(data)
-        return RankProgress(steps, now - last, step_time, now - stack_moved)
+        steps, last, step_time, stack_moved, work = BEAT.unpack(data)
+        return RankProgress(steps, now - last, step_time, now - stack_moved, work)
 
     def stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, a debugger): it takes no step and answers nothing."""
@@ -173,7 +171,7 @@ class LocalRanks:
             env = {**base_env, **placement.torchrun_env(local_rank),
                    # torch's @record writes the script's error here, as under torchrun.
                    "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),
-                   "ORCHESTRATOR_BEAT_FILE": os.path.join(where, "beat"),
+                   BEAT_FILE_VAR: os.path.join(where, "beat"),
                    "ORCHESTRATOR_FAILURE_FILE": os.path.join(where, "failure.json"),
                    "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
                    "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid())}
@@ -181,7 +179,7 @@ class LocalRanks:
             process = _hand_over((spares or {}).get(local_rank), env) or subprocess.Popen(
                 [sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            child = Child(local_rank, rank, process, env["ORCHESTRATOR_BEAT_FILE"], env["ORCHESTRATOR_FAILURE_FILE"],
+            child = Child(local_rank, rank, process, env[BEAT_FILE_VAR], env["ORCHESTRATOR_FAILURE_FILE"],
                           log_path, env)
             child.reader = threading.Thread(target=_copy_output, args=(child, echo if rank == 0 else None),
                                             name=f"rank-{rank}-output", daemon=True)

@@ -29,10 +29,9 @@ import ray
 
 from orchestrator.agent.children import Placement
 from orchestrator.agent.rank_start import without_ray
-from orchestrator.observe.metrics import WorkerMetrics
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply
 from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
-from orchestrator.rank.heartbeat import STARTING, TRAINING
+from orchestrator.rank.heartbeat import STARTING
 from orchestrator.rank.identity import DEVICE_VAR, NODE_ID_VAR
 from orchestrator.rank.rank_main import CONFIG_VAR, RankConfig, write_config
 from orchestrator.ray_private import preemption_notice
@@ -42,8 +41,6 @@ from orchestrator.worker_config import LinkAddress, WorkerConfig
 BEAT_REPLY_S = 10.0
 # Seconds for an event the child waits for (its last, Finished).
 WAIT_S = 60.0
-# Seconds between the step-time gauge's updates (session.PROGRESS_INTERVAL_S).
-STEP_TIME_EVERY_S = 2.0
 # Seconds a running child's own heartbeat may be late before the agent vouches for it (it beats
 # every second; the watchdog calls a rank silent after watchdog.SILENT_AFTER_S = 4).
 VOUCH_AFTER_S = 2.5
@@ -92,19 +89,17 @@ def _agent_devices() -> str:
 class Answers:
     """The agent's answers to its rank children's calls (agent_link.LinkServer's handler)."""
 
-    def __init__(self, monitor, run: str):
-        self.monitor, self.run = monitor, run
+    def __init__(self, monitor):
+        self.monitor = monitor
         self.attempt = 0
         self.latest_uri: str | None = None
         self._lock = threading.Lock()
-        self._step_time: dict[int, WorkerMetrics] = {}
         # Per rank: its newest beat and when it arrived (time.monotonic()).
         self._last: dict[int, tuple[Beat, float]] = {}
 
     def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
         with self._lock:
             self.attempt, self.latest_uri = attempt, latest_uri
-            self._step_time.clear()
             self._last.clear()
 
     def beats_itself(self, rank: int) -> bool:
@@ -145,7 +140,4 @@ class Answers:
     def _beat(self, attempt: int, beat: Beat) -> BeatReply:
         with self._lock:
             self._last[beat.rank] = (beat, time.monotonic())
-            if beat.phase == TRAINING and attempt == self.attempt:
-                gauge = self._step_time.setdefault(beat.rank, WorkerMetrics(self.run, beat.rank, STEP_TIME_EVERY_S))
-                gauge.stepped(beat.step)
         return ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)

@@ -124,7 +124,7 @@ class Supervisor:
         self._teardown_warned: set[int] = set()
         self._echoed: list[str] = []
         self._echo_lock = threading.Lock()
-        self.answers = Answers(self.monitor, self.spec.name) if self.sessions else None
+        self.answers = Answers(self.monitor) if self.sessions else None
         self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
         # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py).
         self.spares = Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd()) if self.sessions else None
@@ -378,7 +378,7 @@ class Supervisor:
             replies.append(self.monitor.beat.remote(attempt, Beat(
                 rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
                 idle_s=progress.idle_s, node_id=self.node_id, pid=child.process.pid,
-                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle)))
+                stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle, work_s=progress.work_s or None)))
         for reply in ray.get(replies, timeout=10):
             self.stop_requested = self.stop_requested or reply.stop
             if reply.abort:

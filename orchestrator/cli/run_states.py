@@ -1,4 +1,4 @@
-"""The runs under a storage location, for `orchestrator status` (cli/status.py): their state, step and goodput.
+"""The runs under a storage location, for `orchestrator status` (cli/status.py): state, step, goodput, slowest rank.
 
 A run's state comes from its writer lease and its summary:
 - running: a driver holds the lease (heartbeat fresher than LEASE_TTL_S; on this host, its
@@ -29,7 +29,7 @@ from orchestrator.observe.result import RunResult
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import DEFAULT_STORAGE
 
-COLUMNS = ("run", "state", "step", "epoch", "checkpoint", "age", "restarts", "workers", "goodput")
+COLUMNS = ("run", "state", "step", "epoch", "checkpoint", "age", "restarts", "workers", "goodput", "slowest")
 
 
 def run_states(storage_uri: str | None, name: str | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
@@ -80,6 +80,8 @@ def run_state(layout: RunDir, now: float) -> dict[str, Any]:
         "world_size": (manifest.world_size if manifest and state == "running"
                        else summary.world_size if summary else None),
         "goodput": (summary.goodput or {}).get("goodput") if summary and state != "running" else None,
+        # The slowest rank at the run's end against its peers' median own work a step (stragglers.py).
+        "slowest_rank": summary.slowest_rank if summary and state != "running" else None,
         "driver": ({"host": holder.host, "pid": holder.pid, "heartbeat_age_s": round(now - holder.heartbeat_at, 1)}
                    if holder is not None else None),
     }
@@ -99,8 +101,15 @@ def table(records: list[dict[str, Any]]) -> str:
             r["checkpoint"].rstrip("/").rsplit("/", 1)[-1] if r["checkpoint"] else "-",
             _age(r["checkpoint_age_s"]), _cell(r["restarts"]), _cell(r["world_size"]),
             f"{100 * r['goodput']:.1f}%" if r["goodput"] is not None else "-",
+            _slowest(r["slowest_rank"]),
         ))
     return text_table(rows)
+
+
+def _slowest(slowest: dict[str, Any] | None) -> str:
+    if not slowest or not slowest.get("ratio"):
+        return "-"
+    return f"rank {slowest['rank']} {slowest['ratio']:.2f}x"
 
 
 def _cell(value: Any) -> str:

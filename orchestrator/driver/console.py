@@ -32,6 +32,7 @@ from orchestrator.protocol import (
     ResumeFallback,
     RunWarning,
     Stacks,
+    Straggler,
 )
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
@@ -247,6 +248,8 @@ class RunWatcher:
             if event.message in self._warned:  # each group restart repeats it: said once
                 return None
             self._warned.add(event.message)
+            return f"warning: {event.message}"
+        if isinstance(event, Straggler):
             return f"warning: {event.message}"
         if isinstance(event, ResumeFallback):
             return (f"warning: checkpoint {event.wanted} could not be read ({event.cause}); "

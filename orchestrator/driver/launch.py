@@ -120,8 +120,9 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")
         try:
-            monitor = start_monitor(job.failure.hang_timeout_s, job.failure.phase_limits,
-                                    max_restarts=job.failure.max_failures)
+            monitor = start_monitor(job.name, job.failure.hang_timeout_s, job.failure.phase_limits,
+                                    max_restarts=job.failure.max_failures,
+                                    straggler=(job.failure.straggler_ratio, job.failure.straggler_after_s))
             worker_config = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
                                    log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
                                    storage_nonce=write_storage_marker(layout, socket.gethostname()),
@@ -255,10 +256,12 @@ class _Attempt:
         ended = time.time()
         events = ray.get(self.monitor.events_since.remote(0), timeout=30)
         last_steps = ray.get(self.monitor.last_steps.remote(), timeout=30)
+        stragglers = ray.get(self.monitor.stragglers.remote(), timeout=30)
         goodput = compute_goodput(events, started=self.started, ended=ended,
-                                  capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps)
+                                  capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps,
+                                  straggler_wait_s=stragglers["wait_s"])
         return RunResult.from_events(self.job, self.run_dir, events, self.choice, wall_seconds=ended - self.started,
-                                     error=error, stopped_by=stopped_by, goodput=goodput)
+                                     error=error, stopped_by=stopped_by, goodput=goodput, slowest=stragglers["slowest"])
 
     def _write_partial_summary(self) -> None:
         """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""

@@ -7,7 +7,8 @@ The actor outlives worker-group restarts, so it is also where
 - each start of the ranks is numbered (an attempt), and the newest checkpoint committed during this
   run is remembered: rank 0 of a new group asks it which checkpoint the group resumes from;
 - the workers' heartbeats arrive, and the hang watchdog (`watchdog.py`) judges them; its
-  verdict goes back to every worker of the group in the reply to its next heartbeat;
+  verdict goes back to every worker of the group in the reply to its next heartbeat; the same
+  beats name a straggler (`stragglers.py`);
 - the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
 
 A script's rank-0 output is not an event: it waits in a bounded buffer until the driver takes it
@@ -24,7 +25,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.monitor.attempts import InPlaceAttempts
+from orchestrator.monitor.stragglers import StragglerWatch
 from orchestrator.monitor.watchdog import HangWatchdog
+from orchestrator.observe.metrics import RankMetrics
 from orchestrator.protocol import (
     RESTART,
     AttemptBegun,
@@ -40,9 +43,12 @@ from orchestrator.protocol import (
     StopRequested,
     Verdict,
 )
+from orchestrator.rank.heartbeat import TRAINING
 
 # Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
 OUTPUT_LINES_HELD = 20_000
+# Seconds between updates of each rank's step-time and work gauges.
+RANK_METRICS_EVERY_S = 2.0
 
 
 class OutputBuffer:
@@ -64,8 +70,8 @@ class OutputBuffer:
         return lines, dropped
 
 
-def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
-                  max_restarts: int = -1) -> ray.actor.ActorHandle:
+def start_monitor(run: str, hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
+                  max_restarts: int = -1, straggler: tuple[float, float] = (1.3, 20.0)) -> ray.actor.ActorHandle:
     """A RunMonitor on the driver's own node.
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
@@ -74,18 +80,22 @@ def start_monitor(hang_timeout_s: float, phase_limits: dict[str, float] | None =
     """
     here = ray.get_runtime_context().get_node_id()
     return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        hang_timeout_s, phase_limits, max_restarts)
+        hang_timeout_s, phase_limits, max_restarts, straggler, run)
 
 
 @ray.remote(num_cpus=0)
 class RunMonitor:
     def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
-                 max_restarts: int = -1) -> None:
+                 max_restarts: int = -1, straggler: tuple[float, float] = (1.3, 20.0), run: str = "") -> None:
         self._events: list[Event] = []
         self._latest_checkpoint: CheckpointCommitted | None = None
         # The attempt running now (protocol.py): the watchdog judges its beats alone.
         self._attempt = 0
         self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
+        # failure.straggler_ratio and straggler_after_s.
+        self._stragglers = StragglerWatch(*straggler, host_of=self._host_of)
+        # Each rank's step time and own work a step, for Prometheus.
+        self._rank_metrics = RankMetrics(run, RANK_METRICS_EVERY_S)
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
@@ -139,6 +149,8 @@ class RunMonitor:
         self._ranks = world_size
         self._agents_done = set()
         self._watchdog.new_attempt(self._attempt, world_size, time.time())
+        self._stragglers.new_attempt(self._attempt)
+        self._rank_metrics.new_attempt()
         return AttemptBegun(self._attempt, latest.uri if latest else None)
 
     # --- the attempts in place (attempts.py) -----------------------------------------------------
@@ -159,6 +171,8 @@ class RunMonitor:
         if undecided and verdict.action == RESTART:
             self._attempt = verdict.attempt
             self._watchdog.new_attempt(self._attempt, self._ranks, time.time())
+            self._stragglers.new_attempt(self._attempt)
+            self._rank_metrics.new_attempt()
             self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
                                      max_restarts=self._attempts.max_restarts, failure=verdict.failure))
         return verdict
@@ -172,6 +186,11 @@ class RunMonitor:
         undecided = self._watchdog.verdict is None
         verdict = self._watchdog.observe(attempt, beat, now)
         stop = self._stop_requested is not None
+        if beat.phase == TRAINING and attempt == self._attempt:
+            self._rank_metrics.seen(beat.rank, beat.step, beat.work_s)
+        straggler = self._stragglers.observe(attempt, beat, now)
+        if straggler is not None:
+            self.push(straggler)
         if verdict is not None and undecided:
             for rank in verdict.ranks:
                 self._attempts.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
@@ -180,6 +199,14 @@ class RunMonitor:
 
     def last_steps(self) -> dict[int, tuple[int, float]]:
         return dict(self._last_steps)
+
+    def stragglers(self) -> dict[str, Any]:
+        """The seconds the group waited for its slowest rank, and the slowest rank now (summary.json)."""
+        return {"wait_s": round(self._stragglers.wait_s, 3), "slowest": self._stragglers.slowest()}
+
+    def _host_of(self, rank: int) -> str:
+        return next((e.hostname for e in reversed(self._events)
+                     if isinstance(e, RankStarted) and e.rank == rank and e.attempt == self._attempt), "")
 
     def failure_context(self) -> dict[str, Any]:
         """What Ray Train's controller needs to classify a failure of the current group (a lost

@@ -60,11 +60,13 @@ class _Group:
 
 def compute(events: list[Event], *, started: float, ended: float,
             capacity_waits: list[tuple[float, float]] = (),
-            last_steps: dict[int, tuple[int, float]] | None = None) -> dict[str, Any]:
+            last_steps: dict[int, tuple[int, float]] | None = None, straggler_wait_s: float = 0.0) -> dict[str, Any]:
     """Goodput of a run: `events` from the monitor, wall times on the driver's clock.
 
     `last_steps`: per attempt, the newest (step, time) the monitor saw in heartbeats (more recent
-    than the last progress event, which comes every few seconds).
+    than the last progress event, which comes every few seconds). `straggler_wait_s`: the seconds
+    of the steps the group spent waiting for its slowest rank (monitor/stragglers.py), part of
+    the productive time, said apart: what an even group would have saved.
     """
     groups: dict[int, _Group] = {}  # per attempt
     for event in events:
@@ -120,6 +122,7 @@ def compute(events: list[Event], *, started: float, ended: float,
         "goodput": round(productive / wall, 4) if timed else None,
         # 0 when no group has two distinct steps yet: productive time cannot be judged then.
         "step_time_s": round(typical, 6),
+        "straggler_wait_s": round(straggler_wait_s, 3),
     }
     if not timed:
         steps = max((g.last_step - g.restored_step for g in stepped), default=0)
@@ -134,6 +137,8 @@ def describe(goodput: dict[str, Any]) -> str:
     if goodput.get("goodput") is None:
         return (f"goodput not measured: {goodput.get('not_timed', 'no optimizer step was timed')}; "
                 f"{goodput['wall_s']:.1f} s wall; lost (s): {lost or 'none'}")
+    waited = goodput.get("straggler_wait_s") or 0.0
     return (f"goodput {goodput['goodput']:.1%}: {goodput['productive_s']:.1f} s productive of "
             f"{goodput['wall_s']:.1f} s wall; lost (s): {lost or 'none'}; "
-            f"{goodput['recomputed_steps']} step(s) recomputed")
+            f"{goodput['recomputed_steps']} step(s) recomputed"
+            + (f"; {waited:.1f} s of the steps waited for the slowest rank" if waited >= 0.05 else ""))

@@ -9,7 +9,9 @@ labelled with the run's name (`run`); the workers' own add the rank.
   restarts by cause, checkpoints committed, the checkpoint stall, the age of the newest committed
   checkpoint and the goodput so far. It sets every gauge again at each poll: Ray drops a series
   it has not seen for a while, and the checkpoint's age and the goodput change by themselves.
-- Each worker (`WorkerMetrics`) reports its own step time, so a straggling rank stands out.
+- The run monitor (`RankMetrics`) reports each rank's step time and its own work a step, from
+  the ranks' heartbeats, on every path (a torchrun script's ranks too): a straggler stands out
+  by its work (monitor/stragglers.py), since every rank of a DDP group takes the same time a step.
 
 Nothing is a histogram: Ray computes a histogram's `_sum` from its bucket midpoints, so any
 average taken from it would be wrong.
@@ -44,8 +46,10 @@ RUN_GAUGES = {
 USER_METRIC = ("metric", "The user's scalar metrics (ctx.step / ctx.report / self.log), by name.")
 RESTARTS = ("restarts", "Worker-group restarts, by cause (infrastructure, hang, preemption, resize).")
 CHECKPOINTS = ("checkpoints_committed", "Checkpoints committed during this run.")
-WORKER_STEP_TIME = ("worker_step_time_seconds", "Seconds per optimizer step on one worker, since its previous "
+WORKER_STEP_TIME = ("worker_step_time_seconds", "Seconds per optimizer step on one rank, since its previous "
                     "report.")
+WORKER_STEP_WORK = ("worker_step_work_seconds", "Median seconds of one rank's own work in a step (the batch, the "
+                    "forward, the loss): its peers wait for the slowest in the next collective.")
 
 # Seconds between recomputations of the live goodput (Ray exports about every 10 s anyway).
 GOODPUT_EVERY_S = 5.0
@@ -144,23 +148,32 @@ class RunMetrics:
             self._user.set(value, tags={**self._tags, "name": name})
 
 
-class WorkerMetrics:
-    """One worker's step time, reported at most every `interval_s` (called after every step)."""
+class RankMetrics:
+    """Each rank's step time and own work a step, from its heartbeats (at most every `interval_s`)."""
 
-    def __init__(self, run: str, rank: int, interval_s: float):
-        self._gauge = Gauge(PREFIX + WORKER_STEP_TIME[0], description=WORKER_STEP_TIME[1], tag_keys=("run", "rank"))
-        self._tags = {"run": run, "rank": str(rank)}
-        self._interval_s = interval_s
-        self._since: tuple[int, float] | None = None
+    def __init__(self, run: str, interval_s: float):
+        self._time = Gauge(PREFIX + WORKER_STEP_TIME[0], description=WORKER_STEP_TIME[1], tag_keys=("run", "rank"))
+        self._work = Gauge(PREFIX + WORKER_STEP_WORK[0], description=WORKER_STEP_WORK[1], tag_keys=("run", "rank"))
+        self._run, self._interval_s = run, interval_s
+        self._since: dict[int, tuple[int, float]] = {}
 
-    def stepped(self, step: int) -> None:
+    def new_attempt(self) -> None:
+        self._since.clear()  # a group's first step: start-up is not step time
+
+    def seen(self, rank: int, step: int, work_s: float | None) -> None:
+        """A training rank's beat: its newest optimizer step, and its own work a step (None: unknown)."""
         now = time.monotonic()
-        if self._since is None or step <= self._since[0]:
-            self._since = (step, now)  # the first step of a group: start-up is not step time
+        since = self._since.get(rank)
+        if since is None or step < since[0]:
+            self._since[rank] = (step, now)
             return
-        if now - self._since[1] >= self._interval_s:
-            self._gauge.set((now - self._since[1]) / (step - self._since[0]), tags=self._tags)
-            self._since = (step, now)
+        if now - since[1] < self._interval_s or step == since[0]:
+            return
+        tags = {"run": self._run, "rank": str(rank)}
+        self._time.set((now - since[1]) / (step - since[0]), tags=tags)
+        if work_s:
+            self._work.set(work_s, tags=tags)
+        self._since[rank] = (step, now)
 
 
 def endpoint() -> str | None:

@@ -10,7 +10,16 @@ from typing import Any
 from orchestrator import storage
 from orchestrator.failures import FailureRecord
 from orchestrator.observe.goodput import describe as goodput_line
-from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted, RestartInPlace
+from orchestrator.protocol import (
+    CheckpointCommitted,
+    Event,
+    Failure,
+    Finished,
+    Progress,
+    RankStarted,
+    RestartInPlace,
+    Straggler,
+)
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
@@ -58,6 +67,10 @@ class RunResult:
     # lightning | torch | script. A script keeps its own checkpoints: global_step is then the
     # optimizer steps of its last start, and a worker is one rank.
     kind: str = ""
+    # The straggler warnings of the run (monitor/stragglers.py), and its slowest rank at the end:
+    # rank, node_id, host, work_s (its own work a step), peers_median_s, ratio.
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    slowest_rank: dict[str, Any] | None = None
 
     @property
     def summary_path(self) -> str:
@@ -70,7 +83,7 @@ class RunResult:
     @classmethod
     def from_events(cls, job, run_dir: Location, events: list[Event], choice, *, wall_seconds: float,
                     error: BaseException | None, stopped_by: str | None = None,
-                    goodput: dict[str, Any] | None = None) -> RunResult:
+                    goodput: dict[str, Any] | None = None, slowest: dict[str, Any] | None = None) -> RunResult:
         by_attempt: dict[int, list[RankStarted]] = {}
         for event in events:
             if isinstance(event, RankStarted):
@@ -108,6 +121,8 @@ class RunResult:
             goodput=goodput or {},
             error=_error_line(error, stopped_by),
             kind=job.kind,
+            stragglers=[e.to_record() for e in events if isinstance(e, Straggler)],
+            slowest_rank=slowest,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 from orchestrator.failures import is_user_file
 from orchestrator.protocol import Beat
+from orchestrator.rank.script.bootstrap import BEAT_FILE_VAR, WORK_OFFSET
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -61,6 +63,11 @@ class Heartbeat:
         self._training_thread = threading.get_ident()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="orchestrator-heartbeat", daemon=True)
+        beat_file = os.environ.get(BEAT_FILE_VAR)
+        try:
+            self._beat_fd = os.open(beat_file, os.O_RDONLY) if beat_file else None
+        except OSError:
+            self._beat_fd = None
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -110,7 +117,18 @@ class Heartbeat:
     def _beat(self) -> Beat:
         idle = time.monotonic() - self._since
         return Beat(rank=self.rank, step=self.step, phase=self.phase, idle_s=idle, node_id=self.node_id,
-                    pid=os.getpid(), frame=self._frame() if idle > 2 else "")
+                    pid=os.getpid(), frame=self._frame() if idle > 2 else "", work_s=self._own_work())
+
+    def _own_work(self) -> float | None:
+        """The median seconds of this rank's own work a step, as its bootstrap notes it in the beat
+        file (rank/script/bootstrap.py); None where there is none or it is not known yet."""
+        if self._beat_fd is None:
+            return None
+        try:
+            (work,) = struct.unpack("<d", os.pread(self._beat_fd, 8, WORK_OFFSET))
+        except (OSError, struct.error):
+            return None
+        return work or None
 
     def _frame(self) -> str:
         """Where the training thread stands: its innermost frame in the user's own code, and the

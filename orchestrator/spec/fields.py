@@ -75,6 +75,17 @@ def seconds(raw: Mapping[str, Any], key: str, path: str, default: float, minimum
     return float(value)
 
 
+def ratio(raw: Mapping[str, Any], key: str, path: str, default: float) -> float:
+    """A ratio above 1 (how many times a value may exceed another's)."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 1:
+        raise SpecError(f"field '{path}.{key}': got {describe(value)}; it must be a ratio above 1. "
+                        f"Fix: e.g. {key}: {default:g}.")
+    return float(value)
+
+
 def boolean(raw: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
     value = raw.get(key)
     if value is None:

@@ -215,6 +215,12 @@ class FailureSpec:
     # Seconds a run waits for the cluster to have room for its workers, at the start or after a
     # loss, before it gives up (exit 1, checkpoints kept). It says what it waits for every 30 s.
     capacity_timeout_s: float = 600.0
+    # A rank whose own work a step (the batch, the forward, the loss) stays at this many times its
+    # peers' median for straggler_after_s is named in a warning: its rank, node and host. Under
+    # DDP the whole group waits for it every step. The run goes on (warn only).
+    straggler_ratio: float = 1.3
+    # Seconds a rank must stay at straggler_ratio or above before it is named.
+    straggler_after_s: float = 20.0
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from orchestrator.spec.fields import (
     integer,
     mapping,
     optional,
+    ratio,
     require,
     seconds,
 )
@@ -423,7 +424,9 @@ def _failure(raw: Any) -> FailureSpec:
                        startup_timeout_s=seconds(raw, "startup_timeout_s", path, 1800.0, minimum=5.0),
                        checkpoint_timeout_s=seconds(raw, "checkpoint_timeout_s", path, 1800.0, minimum=5.0),
                        finish_timeout_s=seconds(raw, "finish_timeout_s", path, 1800.0, minimum=5.0),
-                       capacity_timeout_s=seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0))
+                       capacity_timeout_s=seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0),
+                       straggler_ratio=ratio(raw, "straggler_ratio", path, 1.3),
+                       straggler_after_s=seconds(raw, "straggler_after_s", path, 20.0, minimum=1.0))
 
 
 def _env(raw: Any) -> dict[str, str]:

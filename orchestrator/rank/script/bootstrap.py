@@ -4,7 +4,8 @@
 
 - Progress: torch's public global optimizer hook counts optimizer steps, and the median time
   between consecutive ones, into a small file the node's agent reads every second (the heartbeat
-  the hang watchdog judges; the step time goodput counts).
+  the hang watchdog judges; the step time goodput counts), with the rank's own work in a step
+  (_StepWork: what tells a slow rank from its peers, monitor/stragglers.py).
 - Liveness beside the steps: a daemon thread looks at the main thread's Python stack once a
   second and notes in the same file when it last moved, so that a script that never steps an
   optimizer (evaluation, preprocessing, a hand-written update) is judged by whether it still runs.
@@ -43,9 +44,15 @@ import threading
 import time
 
 # The beat file: optimizer steps taken, time.monotonic() of the last one, the median seconds
-# between consecutive steps (0 before the second), time.monotonic() of the stack's last move.
-BEAT = struct.Struct("<qddd")
-STACK_OFFSET = 24
+# between consecutive steps (0 before the second), time.monotonic() of the stack's last move, the
+# median seconds of the rank's own work in a step (0 before it is known).
+BEAT = struct.Struct("<qdddd")
+STACK_OFFSET, WORK_OFFSET = 24, 32
+# Where the node's agent tells each rank its beat file is.
+BEAT_FILE_VAR = "ORCHESTRATOR_BEAT_FILE"
+# Steps whose own work the median is taken over, and the steps the top-level modules are found in.
+WORK_KEPT = 16
+LEARN_STEPS = 3
 # Steps whose intervals the median is taken over, and seconds between its updates.
 INTERVALS_KEPT = 64
 MEDIAN_EVERY_S = 0.5
@@ -83,7 +90,7 @@ def _take_niceness() -> None:
 def _open_beat_file(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     now = time.monotonic()
-    os.pwrite(fd, BEAT.pack(0, now, 0.0, now), 0)
+    os.pwrite(fd, BEAT.pack(0, now, 0.0, now, 0.0), 0)
     return fd
 
 
@@ -109,12 +116,100 @@ def _watch_stack(fd: int) -> None:
     threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
 
 
+class _StepWork:
+    """The rank's own work in each optimizer step: from the end of the previous step to the end of
+    the last top-level module forward before this one (loading the batch, the forward, the loss,
+    the backward of accumulated micro-batches). Its peers never wait inside it: under DDP every
+    rank takes the same time a step, and a slow rank shows only here, where the others are quicker
+    and wait in the gradients' all-reduce instead.
+
+    torch's public global forward hooks time every module for the first LEARN_STEPS steps, which
+    finds the top-level ones (the model or its DDP wrapper, the loss); then hooks on those modules
+    alone do, so that a model of thousands of modules pays two calls a step. Only the main
+    thread's forwards count (a module run in a helper thread is not the training step).
+
+    On a GPU the forward returns before its kernels run, and the CPU waits for its peers where it
+    next reads a result (`loss.item()`): the work is timed by CUDA events on the rank's stream
+    instead, from the end of one step to the end of the next forward, once both completed. Where
+    the events fail, nothing is reported (0): a wrong measure would name the wrong rank."""
+
+    def __init__(self) -> None:
+        self.main = threading.main_thread().ident
+        self.depth = 0
+        self.forward_end = 0.0
+        self.step_end: float | None = None
+        self.samples: collections.deque = collections.deque(maxlen=WORK_KEPT)
+        self.tops: dict[int, object] | None = {}  # None once they are hooked
+        self.handles: list = []
+        self.steps = 0
+        # torch.cuda once CUDA is in use (False where its events failed), the events of the last
+        # step's end and of the forward after it, and pairs not completed yet.
+        self.cuda = None
+        self.step_event = self.forward_event = None
+        self.pending: collections.deque = collections.deque(maxlen=8)
+
+    def pre(self, module, args) -> None:
+        if threading.get_ident() == self.main:
+            if self.depth == 0 and self.tops is not None:
+                self.tops[id(module)] = module
+            self.depth += 1
+
+    def post(self, module, args, output) -> None:
+        if threading.get_ident() == self.main:
+            self.depth = max(0, self.depth - 1)
+            if self.depth == 0:
+                self.forward_end = time.monotonic()
+                if self.cuda:
+                    self.forward_event = self._event()
+
+    def hook_every_module(self, module_module) -> None:
+        self.handles = [module_module.register_module_forward_pre_hook(self.pre),
+                        module_module.register_module_forward_hook(self.post, always_call=True)]
+
+    def stepped(self, now: float) -> float:
+        """At the end of an optimizer step: the median of the recent steps' own work (0: not known)."""
+        torch = sys.modules.get("torch")
+        if self.cuda is None and torch is not None and torch.cuda.is_initialized():
+            self.cuda, self.samples = torch.cuda, collections.deque(maxlen=WORK_KEPT)
+        if self.cuda:
+            self._gpu_samples()
+        elif self.cuda is None and self.step_end is not None and self.forward_end > self.step_end:
+            self.samples.append(self.forward_end - self.step_end)
+        self.step_end = now
+        self.steps += 1
+        if self.tops and self.steps >= LEARN_STEPS:
+            for handle in self.handles:
+                handle.remove()
+            self.handles = [handle for module in self.tops.values() for handle in (
+                module.register_forward_pre_hook(self.pre), module.register_forward_hook(self.post, always_call=True))]
+            self.tops, self.depth = None, 0
+        return sorted(self.samples)[len(self.samples) // 2] if self.samples and self.cuda is not False else 0.0
+
+    def _event(self):
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _gpu_samples(self) -> None:
+        try:
+            if self.step_event is not None and self.forward_event is not None:
+                self.pending.append((self.step_event, self.forward_event))
+            self.step_event, self.forward_event = self._event(), None
+            while self.pending and self.pending[0][1].query():
+                start, end = self.pending.popleft()
+                self.samples.append(start.elapsed_time(end) / 1000)
+        except Exception:  # noqa: BLE001 - no measure rather than a wrong one, and never the script's failure
+            self.cuda = False
+
+
 def _count_optimizer_steps(beat_fd: list) -> None:
-    """Register the global optimizer hook once torch is imported (by the script, not by us): it
-    counts into the beat file beat_fd[0] (a spare's is opened once the agent hands it an attempt)."""
+    """Register the global optimizer and module hooks once torch is imported (by the script, not
+    by us): they count into the beat file beat_fd[0] (a spare's is opened once the agent hands it
+    an attempt)."""
     steps = [0]
     intervals: collections.deque = collections.deque(maxlen=INTERVALS_KEPT)
     timing = {"last": 0.0, "median": 0.0, "computed": 0.0}
+    work = _StepWork()
 
     def stepped(optimizer, args, kwargs) -> None:
         fd = beat_fd[0]
@@ -127,24 +222,34 @@ def _count_optimizer_steps(beat_fd: list) -> None:
             if now - timing["computed"] >= MEDIAN_EVERY_S or len(intervals) < 4:
                 timing["median"], timing["computed"] = sorted(intervals)[len(intervals) // 2], now
         timing["last"] = now
+        own = work.stepped(now)
         os.pwrite(fd, struct.pack("<qdd", steps[0], now, timing["median"]), 0)
+        os.pwrite(fd, struct.pack("<d", own), WORK_OFFSET)
+
+    hooks = {"torch.optim.optimizer": lambda module: module.register_optimizer_step_post_hook(stepped),
+             "torch.nn.modules.module": work.hook_every_module}
 
     class _Finder:
-        """Hooks torch.optim the moment the script imports it (an import hook, removed after)."""
+        """Hooks torch the moment the script imports it (an import hook, removed after)."""
 
         def find_spec(self, name, path=None, target=None):
-            if name != "torch.optim.optimizer":
+            if name not in hooks:
                 return None
-            sys.meta_path.remove(self)
+            hook = hooks.pop(name)
             import importlib.util
 
-            spec = importlib.util.find_spec(name)
+            sys.meta_path.remove(self)  # the module's own spec, found without this finder
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                if hooks:  # the other module is still to come
+                    sys.meta_path.insert(0, self)
             loader = spec.loader
             original = loader.exec_module
 
             def exec_module(module):
                 original(module)
-                module.register_optimizer_step_post_hook(stepped)
+                hook(module)
 
             loader.exec_module = exec_module
             return spec
@@ -237,10 +342,10 @@ def main(argv: list[str]) -> int:
     # chain: after the dump, the signal's default action (the end of the process) runs, before
     # the main thread runs another line of the script.
     faulthandler.register(stack_signal, file=sys.stderr, all_threads=True, chain=True)
-    if os.environ.get("ORCHESTRATOR_BEAT_FILE"):
+    if os.environ.get(BEAT_FILE_VAR):
         if spare is None:
             _count_optimizer_steps(beat_fd)
-        beat_fd[0] = _open_beat_file(os.environ["ORCHESTRATOR_BEAT_FILE"])
+        beat_fd[0] = _open_beat_file(os.environ[BEAT_FILE_VAR])
         _watch_stack(beat_fd[0])
     # Python's own start-up for `python SCRIPT` / `python -m MODULE`: argv, and sys.path[0].
     if argv[0] == "-m":

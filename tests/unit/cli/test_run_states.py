@@ -66,12 +66,14 @@ def test_the_status_command_prints_a_table_or_json_and_names_a_missing_run(tmp_p
     root = tmp_path / "runs"
     layout = RunDir.of(str(root), "done")
     checkpoint(layout, 30)
-    summary(layout, "finished")
+    summary(layout, "finished", slowest_rank={"rank": 1, "node_id": "n1", "host": "gpu-b", "work_s": 0.045,
+                                              "peers_median_s": 0.03, "ratio": 1.5})
 
     table = run_cli("status", "--storage", str(root), timeout=60)
     assert table.returncode == 0, table.stderr
     header, row = table.stdout.splitlines()
     assert header.split()[:3] == ["run", "state", "step"] and row.split()[:3] == ["done", "finished", "30"]
+    assert header.split()[-1] == "slowest" and row.endswith("rank 1 1.50x")  # its own work a step, against its peers'
 
     records = json.loads(run_cli("status", "done", "--storage", str(root), "--json", timeout=60).stdout)
     assert records[0]["state"] == "finished" and records[0]["checkpoint"].endswith("step-000000030")

@@ -100,6 +100,10 @@ BAD_SPECS = [
     ("init_args not a mapping", with_(LIGHTNING, "lightning.model.init_args", [1]), ["lightning.model.init_args", "mapping"]),
     ("hang timeout too short", with_(TORCH, "failure.hang_timeout_s", 1), ["failure.hang_timeout_s", "1 (int)", "at least 5"]),
     ("hang timeout not a number", with_(TORCH, "failure.hang_timeout_s", "1m"), ["failure.hang_timeout_s", "'1m'", "seconds"]),
+    ("straggler ratio not above 1", with_(TORCH, "failure.straggler_ratio", 0.8),
+     ["failure.straggler_ratio", "0.8", "a ratio above 1", "straggler_ratio: 1.3"]),
+    ("straggler window too short", with_(TORCH, "failure.straggler_after_s", 0),
+     ["failure.straggler_after_s", "at least 1"]),
     ("capacity timeout too short", with_(TORCH, "failure.capacity_timeout_s", 0), ["failure.capacity_timeout_s", "at least 10"]),
     ("callbacks in trainer", with_(LIGHTNING, "lightning.trainer.callbacks", []), ["lightning.trainer.callbacks", "lightning.callbacks"]),
     ("callbacks not a list", with_(LIGHTNING, "lightning.callbacks", {"class_path": "x.Y"}), ["lightning.callbacks", "list of"]),
@@ -151,6 +155,7 @@ def test_a_valid_spec_becomes_typed_objects_with_documented_defaults():
     assert spec.lightning.strategy == "ddp"
     assert spec.checkpoint.async_save is True
     assert spec.failure.hang_timeout_s == 60 and spec.failure.capacity_timeout_s == 600
+    assert (spec.failure.straggler_ratio, spec.failure.straggler_after_s) == (1.3, 20.0)
 
 
 def test_an_elastic_range_and_a_global_batch_become_min_max_and_round_trip():
