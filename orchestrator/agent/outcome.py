@@ -16,11 +16,13 @@ def failure_of(child, node_id: str, hostname: str) -> dict[str, Any]:
     code = child.process.returncode
     place = {"rank": child.rank, "node_id": node_id, "hostname": hostname, "pid": child.process.pid,
              "log": child.log_path, "last_lines": child.last_lines()}
-    if code < 0:
+    # The exception the rank wrote before it ended is its cause, even when the process then died by
+    # a signal in the interpreter's teardown (torch 2.13's gloo at times aborts there).
+    record = child.failure()
+    if code < 0 and record is None:
         why = " (the kernel's OOM killer sends it too: check the node's memory)" if -code == signal.SIGKILL else ""
         return {**place, "kind": INFRASTRUCTURE, "decisive": True, "where": "",
                 "error": f"the process was killed by {signal_name(-code)}{why}"}
-    record = child.failure()
     if record is None:  # no Python exception: os._exit, or a crash in native code
         return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
                 "error": f"the process exited with status {code} without a Python exception"}

@@ -3,6 +3,7 @@
     actor.py       the run monitor actor (started by the driver): events, heartbeats, the typed protocol
     attempts.py    the in-place restarts of every rank, decided in the monitor
     watchdog.py    hang detection from the ranks' heartbeats, in the monitor
+    stragglers.py  the rank whose own work a step stays above its peers', named from the same beats
     classifier.py  Ray Train's controller callback: classifies each failure of a worker group
                    (it runs in Ray Train's controller actor)
 """

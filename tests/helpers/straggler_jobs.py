@@ -1,4 +1,4 @@
-"""Jobs with one rank slowed for real, for the straggler tests (tests/e2e/test_stragglers.py): every
+"""Jobs with one rank slowed for real, for the straggler tests (tests/e2e/test_straggler_runs.py): every
 rank spends `work_s` a step on its own work before the forward (a step's compute, as a sleep so
 that a busy machine does not blur it), and rank `slow_rank` `slow_factor` times as long, as a rank
 on a slower node would. Nothing in the product is switched: the product measures what it sees.

@@ -244,3 +244,6 @@ def test_the_tests_mirror_the_package():
             if not name.startswith("test_") or not any(stem == m or stem.startswith(m + "_") for m in mods):
                 misnamed.append(os.path.relpath(os.path.join(folder, name), REPO))
     assert misnamed == []
+    # pytest imports each test file by its name alone (tests/ holds no packages): two of one name clash.
+    names = [f for _, _, files in os.walk(tests) for f in files if f.startswith("test_") and f.endswith(".py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
