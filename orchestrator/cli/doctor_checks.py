@@ -30,13 +30,13 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator import storage
+from orchestrator.cli import doctor_nodes
 from orchestrator.cli.checkpoint_table import text_table
 from orchestrator.cli.doctor_probes import (
     INTERFACE_VARIABLES,
@@ -47,6 +47,7 @@ from orchestrator.cli.doctor_probes import (
     remove_marker,
     versions,
 )
+from orchestrator.cli.doctor_report import SLOW_BELOW, Check, Report
 from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.cluster.environment import QUIET_RAY_ENV
@@ -60,32 +61,6 @@ ALLREDUCE_TIMEOUT_S = 300.0
 LATENCY_BYTES, BANDWIDTH_BYTES = 4, 16 * 2**20
 # The gloo group gets the spec's failure.hang_timeout_s to form (what a run gives it), at most this.
 MAX_GLOO_TIMEOUT_S = 100.0
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-    def line(self) -> str:
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
-
-
-@dataclass
-class Report:
-    table: str
-    checks: list[Check]
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    def text(self) -> str:
-        failed = [c for c in self.checks if not c.ok]
-        verdict = (f"doctor: {len(failed)} of {len(self.checks)} checks failed" if failed
-                   else f"doctor: all {len(self.checks)} checks passed")
-        return "\n".join([self.table, "", *(c.line() for c in self.checks), verdict])
 
 
 def interface_problem(variable: str, value: str | None, interfaces: list[str]) -> str | None:
@@ -105,10 +80,13 @@ def interface_problem(variable: str, value: str | None, interfaces: list[str]) -
 
 
 def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: str | None = None,
-             check_gloo: bool = False) -> Report:
+             check_gloo: bool = False, node_health: bool = False, strict: bool = False,
+             slow_below: float = SLOW_BELOW) -> Report:
     """Every check on the cluster at `address` (or an embedded one); the storage checked is
     `storage_uri`, else the spec's, else none. The gloo group is checked when the spec uses GPUs
-    (training over NCCL, coordination over gloo) or when `check_gloo` asks for it."""
+    (training over NCCL, coordination over gloo) or when `check_gloo` asks for it; each node's
+    matmul and links against its peers' with `node_health` (cli/doctor_nodes.py), and a node
+    slower than `slow_below` of them fails the report under `strict`."""
     storage_uri = storage_uri or (spec.storage or DEFAULT_STORAGE if spec else None)
     # A malformed URI fails before Ray starts (and a relative path under `ray job submit`).
     root = storage.resolve_root(storage_uri) if storage_uri else None
@@ -129,8 +107,20 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
         if spec is not None:
             checks.append(_capacity_check(spec, nodes))
         checks += _interface_checks(probes)
-        checks += _allreduce_checks(spec, nodes, probes, check_gloo)
-        return Report(_table(nodes, probes, storage_checked=marker is not None), checks)
+        tables = [_table(nodes, probes, storage_checked=marker is not None)]
+        if not node_health:
+            checks += _allreduce_checks(spec, nodes, probes, check_gloo)[0]
+            return Report(tables, checks, strict)
+        use_gpu = bool(spec and spec.scaling.use_gpu)
+        workers = [n for n in nodes if n["NodeID"] in _reachable(probes) and doctor_nodes.can_hold_a_worker(n, use_gpu)]
+        measured = doctor_nodes.measure_devices(workers)  # before the all-reduce's workers start beside it
+        allreduce, timings = _allreduce_checks(spec, nodes, probes, check_gloo, [n["NodeID"] for n in workers])
+        links = timings.get("links") if timings else None
+        checks += [*allreduce, doctor_nodes.matmul_check(workers, measured, probes, slow_below)]
+        checks.append(doctor_nodes.link_check(workers, links, probes, slow_below) if timings else
+                      Check("links", False, "not measured: the all-reduce check failed (above)"))
+        tables.append(doctor_nodes.table(workers, measured, links, probes))
+        return Report(tables, checks, strict)
     finally:
         cluster.disconnect(connection)
 
@@ -301,7 +291,10 @@ def _interface_checks(probes: dict[str, dict[str, Any]]) -> list[Check]:
 
 
 def _allreduce_checks(spec: JobSpec | None, nodes: list[dict[str, Any]], probes: dict[str, dict[str, Any]],
-                      check_gloo: bool) -> list[Check]:
+                      check_gloo: bool, pair_nodes: list[str] | None = None
+                      ) -> tuple[list[Check], dict[str, Any] | None]:
+    """The all-reduce's checks and its workers' timings (None when it failed); with `pair_nodes`,
+    the workers on those nodes also time their links in pairs."""
     reachable = [n for n in nodes if n["NodeID"] in _reachable(probes)]
     use_gpu = bool(spec and spec.scaling.use_gpu)
     if use_gpu:
@@ -309,15 +302,15 @@ def _allreduce_checks(spec: JobSpec | None, nodes: list[dict[str, Any]], probes:
     backend = "nccl" if use_gpu else "gloo"
     name = f"all-reduce ({backend})"
     if use_gpu and not reachable:
-        return [Check(name, False, "no node has a GPU to run it on. Fix: see the capacity check.")]
+        return [Check(name, False, "no node has a GPU to run it on. Fix: see the capacity check.")], None
     gloo_timeout_s = min((spec.failure if spec else FailureSpec()).hang_timeout_s, MAX_GLOO_TIMEOUT_S)
     try:
-        timings = _allreduce(len(reachable), use_gpu, gloo_timeout_s if check_gloo else None)
+        timings = _allreduce(len(reachable), use_gpu, gloo_timeout_s if check_gloo else None, pair_nodes)
     except Exception as exc:  # noqa: BLE001 - the failure is the finding
         text = [line for line in str(exc).strip().splitlines() if line.strip()]
         return [Check(name, False, f"{len(reachable)} worker(s), one per node, failed: {text[-1] if text else exc}. "
                       "Fix: check that the nodes reach each other on every port (firewalls, security groups), and "
-                      "the interface variables above.")]
+                      "the interface variables above.")], None
     workers = len(reachable)
     if workers == 1:
         checks = [Check(name, True, "1 worker on the only node: its process group starts (no other node to "
@@ -329,7 +322,7 @@ def _allreduce_checks(spec: JobSpec | None, nodes: list[dict[str, Any]], probes:
     if check_gloo:
         checks.append(gloo_check(timings.get("gloo") or {"error": "rank 0 did not report it"}, backend,
                                  gloo_timeout_s, [(n, probes[n["NodeID"]]) for n in reachable]))
-    return checks
+    return checks, timings
 
 
 def gloo_check(outcome: dict[str, Any], backend: str, timeout_s: float,
@@ -367,9 +360,11 @@ def _is_loopback(address: str | None) -> bool:
         return False
 
 
-def _allreduce(workers: int, use_gpu: bool, gloo_timeout_s: float | None = None) -> dict[str, Any]:
+def _allreduce(workers: int, use_gpu: bool, gloo_timeout_s: float | None = None,
+               pair_nodes: list[str] | None = None) -> dict[str, Any]:
     """One worker per node through Ray Train (STRICT_SPREAD), timing all-reduces; with
-    `gloo_timeout_s`, also a separate gloo group that must form within it."""
+    `gloo_timeout_s`, also a separate gloo group that must form within it; with `pair_nodes`,
+    the links between pairs of those nodes."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -379,7 +374,7 @@ def _allreduce(workers: int, use_gpu: bool, gloo_timeout_s: float | None = None)
     resources = {"GPU": 1.0} if use_gpu else {"memory": 1.0}
     trainer = TorchTrainer(
         allreduce_loop, train_loop_config={"small": LATENCY_BYTES, "large": BANDWIDTH_BYTES, "sink": sink,
-                                            "gloo_timeout_s": gloo_timeout_s},
+                                            "gloo_timeout_s": gloo_timeout_s, "pair_nodes": pair_nodes},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(ALLREDUCE_TIMEOUT_S / 2)),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources,
                                      placement_strategy="STRICT_SPREAD"),

@@ -74,3 +74,62 @@ def kill_node(cluster, node) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def process_tree(pid: int) -> list[int]:
+    found = [pid]
+    for child in children(pid):
+        found += process_tree(child)
+    return found
+
+
+# cgroup v1's cpu controller, else cgroup v2's root (where this machine offers one).
+CGROUP_ROOTS = ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup")
+
+
+@contextlib.contextmanager
+def slowed_node(node, share: float) -> Iterator[None]:
+    """The node's raylet and every process it started, and those it starts from now on, get at
+    most `share` of one core (a CPU quota through a cgroup, as a noisy neighbour or a throttled
+    machine would leave them); put back as they were at the end. Skips the test where this
+    machine lets no cgroup be made."""
+    import pytest
+
+    period_us = 100_000
+    group = None
+    for root in CGROUP_ROOTS:
+        quota = os.path.join(root, "cpu.cfs_quota_us" if root.endswith("/cpu") else "cpu.max")
+        path = os.path.join(root, f"orchestrator-test-slow-{os.getpid()}")
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+        limit = str(int(share * period_us))
+        try:
+            with open(os.path.join(path, os.path.basename(quota)), "w") as f:
+                f.write(limit if root.endswith("/cpu") else f"{limit} {period_us}")
+        except OSError:
+            os.rmdir(path)
+            continue
+        group = (root, path)
+        break
+    if group is None:
+        pytest.skip("no cgroup with a CPU quota can be made on this machine")
+    root, path = group
+
+    def move(pids: list[int], into: str) -> None:
+        for pid in pids:
+            try:
+                with open(os.path.join(into, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            except OSError:  # the process ended meanwhile
+                continue
+
+    raylet = node.all_processes["raylet"][0].process.pid
+    move(process_tree(raylet), path)
+    try:
+        yield
+    finally:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            move([int(line) for line in f if line.strip()], root)
+        os.rmdir(path)

@@ -1,5 +1,6 @@
-"""`orchestrator doctor`: preflight checks on a real 3-node loopback cluster, the reading of
-NCCL's interface syntax, and the verdict on a gloo group that did not form."""
+"""`orchestrator doctor`: preflight checks on a real 3-node loopback cluster, --nodes naming a node
+held to a quarter of a core, the reading of NCCL's interface syntax, and the verdict on a gloo
+group that did not form."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import pytest
 import yaml
 from conftest import run_cli
+from node_faults import slowed_node
 from specs import torch_spec
 
 from orchestrator.cli.doctor_checks import gloo_check, interface_problem
@@ -115,4 +117,25 @@ def test_doctor_passes_a_sound_cluster_and_names_a_gpu_shortfall_a_missing_inter
     data = next(line for line in out.splitlines() if line.startswith("FAIL  data:"))
     assert f"on all 4 nodes: {tmp_path}/missing.parquet does not exist here" in data and "Fix:" in data
     assert "PASS  versions:" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_doctor_nodes_names_a_node_held_to_a_quarter_core_and_strict_fails_on_it(cluster):
+    slow = sorted(cluster.worker_nodes, key=lambda node: node.node_id)[0]
+    with slowed_node(slow, 0.25):  # a CPU quota on the node's raylet and every process it starts
+        done = run_cli("doctor", "--nodes", "--strict", "--address", cluster.address, timeout=400)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    # One row a 1-CPU node in the nodes' table; the head, kept free of work, is not measured.
+    rows = re.findall(r"^([0-9a-f]{12})\s+\S+\s+cpu \(1 thread, [^)]+\)\s+([\d.,]+) GFLOP/s\s+([\d,]+) MB/s", out, re.M)
+    assert sorted(row[0] for row in rows) == sorted(node.node_id[:12] for node in cluster.worker_nodes), out
+    matmul = next(line for line in out.splitlines() if line.startswith("WARN  matmul:"))
+    named = re.findall(r"node ([0-9a-f]{12}) \(host [^,]+, 127\.0\.0\.1\) cpu: [\d.,]+ GFLOP/s, ([\d.]+)x its peers' "
+                       r"median", matmul)
+    assert [node for node, _ in named] == [slow.node_id[:12]], matmul
+    assert float(named[0][1]) < 0.6 and "Fix:" in matmul
+    assert re.search(r"^(PASS|WARN)  links: ", out, re.M), out
+    assert re.search(r"^doctor: all \d+ checks passed, [12] with a warning \(failed by --strict\)$", out, re.M), out
     assert "Traceback" not in out
