@@ -11,7 +11,7 @@ Which process runs each folder (each imports only from the rows above it; tests/
     spec/           the driver parses and validates the job spec (nothing more); every process reads its JobSpec
     cluster/        the driver: its connection to Ray, embedded and warm clusters, their records
     checkpoint/     the driver (choosing, listing) and the ranks (saving): the store, its manifests, the lease
-    observe/        the monitor and agents (metrics) and the driver (goodput, summary.json)
+    observe/        the monitor and agents (metrics) and the driver (goodput, summary.json, history)
     worker_config   every process of a run: what the driver hands each agent, and each agent its ranks
     rank/           each rank child of a node's agent: the torch and Lightning harnesses, a script's bootstrap
     agent/          each Ray Train worker: a node's agent, which starts and restarts its rank children

@@ -2,6 +2,7 @@
 
     checkpoints/step-<N>/   committed checkpoints (checkpoint/store.py)
     summary.json            the run's outcome (result.py)
+    history/                each driver's part of the run, for `orchestrator report` (history.py)
     lease.json              which driver may write the run now (checkpoint/lease.py)
     leases/                 one claim file per lease generation, for exclusive takeovers
     storage-marker.json     written by the driver at start; every worker must read it back

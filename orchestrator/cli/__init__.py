@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.cli import checkpoints, doctor, run, schema, status, torchrun, warm
+from orchestrator.cli import checkpoints, doctor, report, run, schema, status, torchrun, warm
 from orchestrator.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, Parser
 from orchestrator.cluster.environment import keep_ray_on_loopback
 from orchestrator.driver.signals import EXIT_CODES
 from orchestrator.errors import OrchestratorError, RunStopped, TrainingFailed, UserError
 
-COMMANDS = (run, torchrun, checkpoints, schema, status, warm, doctor)
+COMMANDS = (run, torchrun, checkpoints, schema, status, report, warm, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

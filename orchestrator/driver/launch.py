@@ -33,10 +33,11 @@ from orchestrator.driver.signals import StopSignals
 from orchestrator.errors import RunStopped, TrainingFailed, UserError
 from orchestrator.monitor.actor import start_monitor
 from orchestrator.monitor.classifier import FailureClassifier
+from orchestrator.observe import history
 from orchestrator.observe.goodput import compute as compute_goodput
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
-from orchestrator.observe.result import RunResult, write_summary
+from orchestrator.observe.result import TAKEN_OVER, RunResult, write_summary
 from orchestrator.run_dir import RunDir, write_storage_marker
 from orchestrator.spec import JobSpec, resolve_spec
 from orchestrator.worker_config import LeaseFence, ScriptContext, WorkerConfig
@@ -142,6 +143,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
                 raise TrainingFailed(taken_over_message(job.name, str(run_lease.lost)))
             # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
             _save_summary(run_dir, result, say)
+            attempt.save_history(result)
         finally:
             done = result is not None and error is None and result.status == "finished"
             cluster.disconnect(connection, process_exits=process_exits and done)
@@ -264,11 +266,29 @@ class _Attempt:
                                      error=error, stopped_by=stopped_by, goodput=goodput, slowest=stragglers["slowest"])
 
     def _write_partial_summary(self) -> None:
-        """At a stop signal: summary.json as things stand, in case the driver is killed before the end."""
+        """At a stop signal: summary.json and the history as things stand, in case the driver is
+        killed before the end."""
         try:
-            write_summary(self.run_dir, self.result(None, self.signals.received))
+            result = self.result(None, self.signals.received)
+            write_summary(self.run_dir, result)
+            self.save_history(result)
         except Exception:  # noqa: BLE001 - the final summary is written again at the end
             pass
+
+    def save_history(self, result: RunResult) -> None:
+        """This driver's part of the run for `orchestrator report` (observe/history.py); a storage
+        that cannot take it costs the report its part, never the run."""
+        if result.status == TAKEN_OVER:
+            return  # the run directory is the newer driver's
+        try:
+            events = ray.get(self.monitor.events_since.remote(0), timeout=30)
+            series = ray.get(self.monitor.step_series.remote(), timeout=30)
+            history.write(self.run_dir, history.record(
+                started=self.started, ended=time.time(), host=socket.gethostname(), pid=os.getpid(),
+                status=result.status, error=result.error, goodput=result.goodput, events=events, step_series=series))
+        except Exception as exc:  # noqa: BLE001 - see above
+            self.say(f"warning: the run's history file could not be written ({exc}): `orchestrator report` "
+                     "will miss this driver's part")
 
 
 def _save_summary(run_dir, result: RunResult, say: Console) -> None:

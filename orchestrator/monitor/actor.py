@@ -25,6 +25,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.monitor.attempts import InPlaceAttempts
+from orchestrator.monitor.series import StepSeries
 from orchestrator.monitor.stragglers import StragglerWatch
 from orchestrator.monitor.watchdog import HangWatchdog
 from orchestrator.observe.metrics import RankMetrics
@@ -43,7 +44,7 @@ from orchestrator.protocol import (
     StopRequested,
     Verdict,
 )
-from orchestrator.rank.heartbeat import TRAINING
+from orchestrator.rank.heartbeat import STARTING, TRAINING, WORKING
 
 # Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
 OUTPUT_LINES_HELD = 20_000
@@ -96,6 +97,8 @@ class RunMonitor:
         self._stragglers = StragglerWatch(*straggler, host_of=self._host_of)
         # Each rank's step time and own work a step, for Prometheus.
         self._rank_metrics = RankMetrics(run, RANK_METRICS_EVERY_S)
+        # Each rank's steps over time, for `orchestrator report` (the run's history file).
+        self._series = StepSeries()
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
@@ -188,6 +191,9 @@ class RunMonitor:
         stop = self._stop_requested is not None
         if beat.phase == TRAINING and attempt == self._attempt:
             self._rank_metrics.seen(beat.rank, beat.step, beat.work_s)
+        if attempt == self._attempt and beat.phase not in (STARTING, WORKING):
+            # Before its first step a rank's count is not yet the resumed step it goes on from.
+            self._series.seen(beat.rank, attempt, beat.step, now)
         straggler = self._stragglers.observe(attempt, beat, now)
         if straggler is not None:
             self.push(straggler)
@@ -203,6 +209,10 @@ class RunMonitor:
     def stragglers(self) -> dict[str, Any]:
         """The seconds the group waited for its slowest rank, and the slowest rank now (summary.json)."""
         return {"wait_s": round(self._stragglers.wait_s, 3), "slowest": self._stragglers.slowest()}
+
+    def step_series(self) -> dict[str, list[list[float]]]:
+        """Each rank's (time, attempt, step) samples (monitor/series.py), for the run's history."""
+        return self._series.to_dict()
 
     def _host_of(self, rank: int) -> str:
         return next((e.hostname for e in reversed(self._events)
