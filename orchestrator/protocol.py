@@ -132,11 +132,25 @@ class Preemption(Event):
 
 @dataclass(kw_only=True)
 class Stacks(Event):
-    """Where each hung rank was when the hang was found (its whole stacks are in its log)."""
+    """Where each hung rank was when the hang was found (its whole stacks are in its log); every
+    agent sends one on a hang verdict, empty or not, so the monitor knows when all have."""
 
     kind: ClassVar[str] = "stacks"
     attempt: int
     ranks: dict[str, str]
+    # Each answering rank's last collective per process group, from its flight recorder
+    # (agent/flight_records.py): rank -> {group: {seq, op, state, sizes}}.
+    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class HangCollectives(Event):
+    """The ranks whose last collective differs from their peers' at a hang (monitor/collectives.py)."""
+
+    kind: ClassVar[str] = "hang_collectives"
+    attempt: int
+    ranks: list[int]
+    message: str
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,8 @@
     lease.json              which driver may write the run now (checkpoint/lease.py)
     leases/                 one claim file per lease generation, for exclusive takeovers
     storage-marker.json     written by the driver at start; every worker must read it back
-    logs/                   the workers' log files (local and shared filesystems only)
+    logs/                   the workers' log files (local and shared filesystems only), and at a hang each
+                            rank's flight record, rank-N.flight-recorder.json (agent/flight_records.py)
     logs/lightning/<kind>/  Lightning loggers from the spec (csv, tensorboard, ...), continued by resumes
     _ray/                   Ray Train's own run state
 """

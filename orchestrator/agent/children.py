@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator import storage
-from orchestrator.agent import sessions
+from orchestrator.agent import flight_records, sessions
 from orchestrator.failures import is_user_file
 from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR  # what each rank's beat file holds
 
@@ -162,6 +162,7 @@ class LocalRanks:
                  log_dir: str | None, echo: Callable[[str], None] | None = None,
                  spares: dict[int, subprocess.Popen] | None = None):
         self.children: list[Child] = []
+        self.log_dir = log_dir
         # torchrun's own layout: attempt_<TORCHELASTIC_RESTART_COUNT>/<local rank>/error.json.
         attempt = os.path.join(scratch, f"attempt_{placement.restart_count}")
         for local_rank in range(placement.local_world_size):
@@ -174,6 +175,7 @@ class LocalRanks:
                    BEAT_FILE_VAR: os.path.join(where, "beat"),
                    "ORCHESTRATOR_FAILURE_FILE": os.path.join(where, "failure.json"),
                    "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
+                   **flight_records.rank_env(base_env, where, log_dir),
                    "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid())}
             log_path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else os.path.join(where, "output.log")
             process = _hand_over((spares or {}).get(local_rank), env) or subprocess.Popen(
@@ -188,6 +190,10 @@ class LocalRanks:
 
     def exited(self) -> list[tuple[Child, int]]:
         return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
+
+    def flight_records(self) -> dict[int, dict]:
+        """Each live, running child's last collectives, from torch's flight recorder (flight_records.py)."""
+        return flight_records.collect(self.children, self.log_dir)
 
     def dump_stacks(self, wait_s: float = 2.0) -> dict[int, str]:
         """Every live child's Python stacks into its log, each child ending right after its dump

@@ -274,12 +274,12 @@ class Supervisor:
     def _end_attempt(self, verdict: Verdict) -> None:
         failure = verdict.failure
         if failure.get("kind") == "hang":
+            records = self.ranks.flight_records()  # before the stacks, whose dump ends each rank
             stacks = self.ranks.dump_stacks()
             for rank, where in sorted(stacks.items()):
                 log.error("rank %d was at %s when the hang was detected (its stacks are in its log)", rank, where)
-            if stacks:
-                self.monitor.push.remote(Stacks(ranks={str(r): w for r, w in stacks.items()},
-                                                attempt=verdict.attempt - 1))
+            self.monitor.push.remote(Stacks(ranks={str(r): w for r, w in stacks.items()}, attempt=verdict.attempt - 1,
+                                            collectives={str(r): c for r, c in records.items()}))
         self.ranks.stop()
         self._end_orphans()
         self._flush_echo()

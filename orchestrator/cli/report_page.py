@@ -21,11 +21,13 @@ from orchestrator.monitor.series import SAMPLE_S, step_rates
 
 # Past this many ranks the step-rate chart draws the slowest, the median and the fastest rank's.
 DRAWN_RANKS = 16
-COLOURS = {"failure": "#d62728", "restart_in_place": "#ff7f0e", "hang": "#9467bd", "checkpoint": "#2ca02c",
+COLOURS = {"hang_collectives": "#9467bd",
+           "failure": "#d62728", "restart_in_place": "#ff7f0e", "hang": "#9467bd", "checkpoint": "#2ca02c",
            "straggler": "#8c564b", "warning": "#7f7f7f", "preemption": "#e377c2", "resume_fallback": "#bcbd22",
            "stop_requested": "#17becf", "finished": "#1f77b4"}
 ROWS = ("drivers", "attempts", "failures", "checkpoints", "warnings")
-ROW_OF = {"failure": "failures", "restart_in_place": "failures", "hang": "failures", "checkpoint": "checkpoints",
+ROW_OF = {"hang_collectives": "failures",
+          "failure": "failures", "restart_in_place": "failures", "hang": "failures", "checkpoint": "checkpoints",
           "straggler": "warnings", "warning": "warnings", "preemption": "warnings", "resume_fallback": "warnings",
           "stop_requested": "warnings", "finished": "checkpoints"}
 
@@ -213,7 +215,7 @@ def page(name: str, run_uri: str, summary: dict[str, Any] | None, entries: list[
                         div_id=f"chart-{kind}")
               for i, (f, kind) in enumerate(zip(figures, ("timeline", "step-rate", "goodput"), strict=True))]
     failures = [e for entry in entries for e in entry["events"]
-                if e["kind"] in ("failure", "restart_in_place", "hang", "straggler")]
+                if e["kind"] in ("failure", "restart_in_place", "hang", "hang_collectives", "straggler")]
     rows = "".join(f"<tr><td>{_when(e['time'])[:19]}</td><td>{html.escape(e['kind'].replace('_', ' '))}</td>"
                    f"<td>{html.escape(describe_event(e))}</td></tr>" for e in failures)
     table = (f"<table><tr><th>UTC</th><th>what</th><th>detail</th></tr>{rows}</table>" if rows

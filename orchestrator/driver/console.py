@@ -25,6 +25,7 @@ from orchestrator.protocol import (
     CheckpointCommitted,
     Event,
     Failure,
+    HangCollectives,
     Preemption,
     Progress,
     RankStarted,
@@ -216,7 +217,11 @@ class RunWatcher:
             return (f"rank {failure['rank']} failed ({failure['kind']}): {failure['error']}{where}; restarting every "
                     f"rank in place (attempt {event.attempt}: restart {event.restarts} of {budget}, "
                     f"TORCHELASTIC_RESTART_COUNT={event.restarts})")
+        if isinstance(event, HangCollectives):
+            return event.message
         if isinstance(event, Stacks):
+            if not event.ranks:
+                return None
             ranks = sorted(event.ranks.items(), key=lambda item: int(item[0]))
             return "stacks of the hung ranks are in their logs: " + "; ".join(
                 f"rank {rank} was at {where}" for rank, where in ranks)

@@ -25,6 +25,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.monitor.attempts import InPlaceAttempts
+from orchestrator.monitor.collectives import odd_ranks
 from orchestrator.monitor.series import StepSeries
 from orchestrator.monitor.stragglers import StragglerWatch
 from orchestrator.monitor.watchdog import HangWatchdog
@@ -38,9 +39,11 @@ from orchestrator.protocol import (
     Event,
     Failure,
     Finished,
+    HangCollectives,
     Output,
     RankStarted,
     RestartInPlace,
+    Stacks,
     StopRequested,
     Verdict,
 )
@@ -99,6 +102,8 @@ class RunMonitor:
         self._rank_metrics = RankMetrics(run, RANK_METRICS_EVERY_S)
         # Each rank's steps over time, for `orchestrator report` (the run's history file).
         self._series = StepSeries()
+        # Per attempt, the agents heard from after a hang verdict, and their ranks' flight records.
+        self._flight_records: dict[int, dict[str, Any]] = {}
         self._stop_requested: float | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
@@ -122,6 +127,20 @@ class RunMonitor:
         if isinstance(event, CheckpointCommitted):
             self._latest_checkpoint = event
         self._events.append(event)
+        if isinstance(event, Stacks):
+            self._compare_collectives(event)
+
+    def _compare_collectives(self, stacks: Stacks) -> None:
+        """Once every agent of the group sent its hung ranks' flight records: the rank whose last
+        collective differs from its peers' (monitor/collectives.py), named in the run's events."""
+        heard = self._flight_records.setdefault(stacks.attempt, {"agents": 0, "ranks": {}})
+        heard["agents"] += 1
+        heard["ranks"].update({int(rank): found for rank, found in stacks.collectives.items()})
+        if heard["agents"] < self._attempts.workers or not heard["ranks"]:
+            return
+        ranks, message = odd_ranks(heard["ranks"], list(range(self._ranks)))
+        if message:
+            self._events.append(HangCollectives(attempt=stacks.attempt, ranks=ranks, message=message, time=time.time()))
 
     def events_since(self, index: int) -> list[Event]:
         return self._events[index:]

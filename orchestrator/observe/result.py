@@ -15,6 +15,7 @@ from orchestrator.protocol import (
     Event,
     Failure,
     Finished,
+    HangCollectives,
     Progress,
     RankStarted,
     RestartInPlace,
@@ -71,6 +72,9 @@ class RunResult:
     # rank, node_id, host, work_s (its own work a step), peers_median_s, ratio.
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     slowest_rank: dict[str, Any] | None = None
+    # At each hang, the ranks whose last collective differed from their peers' (flight recorder):
+    # attempt, ranks, message (monitor/collectives.py).
+    hang_collectives: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def summary_path(self) -> str:
@@ -123,6 +127,7 @@ class RunResult:
             kind=job.kind,
             stragglers=[e.to_record() for e in events if isinstance(e, Straggler)],
             slowest_rank=slowest,
+            hang_collectives=[e.to_record() for e in events if isinstance(e, HangCollectives)],
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -62,6 +62,12 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
     # ...and the group was training again soon after.
     events = json.loads((tmp_path / "hangs" / "summary.json").read_text())
     assert [s["restored_step"] for s in events["starts"]] == [None, 10, 40]
+    # The flight recorder: the frozen rank gave none; at the deadlock, rank 0 is named as never
+    # having entered the all-reduce its peer waits in, and each rank's dump is beside its log.
+    first_record, deadlock_record = events["hang_collectives"]
+    assert first_record["ranks"] == [] and "rank(s) 1 gave no flight record" in first_record["message"]
+    assert deadlock_record["ranks"] == [0] and "rank 0 never entered collective #" in deadlock_record["message"]
+    assert all((tmp_path / "hangs" / "logs" / f"rank-{rank}.flight-recorder.json").exists() for rank in (0, 1))
     assert result.goodput["lost_s"]["restarts"] <= 2 * (HANG_TIMEOUT_S + RECOVERY_SLACK_S)
     assert result.global_step == clean_torch.global_step
     assert result.weights_sha256 == clean_torch.weights_sha256

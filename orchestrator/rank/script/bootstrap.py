@@ -13,6 +13,8 @@
   on ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, once the attempt is judged
   hung), and the rank then ends by that signal, from within the handler: a frozen rank that is
   continued for its dump takes no step and writes no checkpoint past the verdict.
+- The flight recorder on a hang verdict: torch's record of the rank's recent collectives, written
+  by a thread of its own on a signal the others block, so even a rank waiting in one answers.
 - The outcome: an uncaught exception is printed as Python prints it, classified with the same
   rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
   `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
@@ -48,8 +50,8 @@ import time
 # median seconds of the rank's own work in a step (0 before it is known).
 BEAT = struct.Struct("<qdddd")
 STACK_OFFSET, WORK_OFFSET = 24, 32
-# Where the node's agent tells each rank its beat file is.
-BEAT_FILE_VAR = "ORCHESTRATOR_BEAT_FILE"
+# Where the node's agent tells each rank its beat file is; and the signal and file of its flight recorder.
+BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = "ORCHESTRATOR_BEAT_FILE", "ORCHESTRATOR_FR_SIGNAL", "ORCHESTRATOR_FR_FILE"
 # Steps whose own work the median is taken over, and the steps the top-level modules are found in.
 WORK_KEPT = 16
 LEARN_STEPS = 3
@@ -326,6 +328,28 @@ def _may_lower_to(niceness: int) -> bool:
         return False
 
 
+def _answer_flight_recorder() -> None:
+    """On FR_SIGNAL_VAR's signal, torch's flight-recorder dump (its tutorial's call) into FR_FILE_VAR."""
+    if not os.environ.get(FR_SIGNAL_VAR):
+        return
+    wanted = {int(os.environ[FR_SIGNAL_VAR])}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)  # before any thread: all inherit it
+
+    def answer() -> None:
+        while signal.sigwait(wanted):  # the file is read now: a spare's comes with its rank's environment
+            dist, text = sys.modules.get("torch.distributed"), b"{}"
+            try:
+                if dist is not None and dist.is_available() and dist.is_initialized():
+                    c10d = sys.modules["torch._C._distributed_c10d"]
+                    text = (getattr(c10d, "_dump_fr_trace_json", None) or c10d._dump_nccl_trace_json)(True, False)
+            except Exception as exc:  # noqa: BLE001 - the agent reads what went wrong instead
+                text = json.dumps({"error": repr(exc)})
+            with open(os.environ[FR_FILE_VAR] + ".tmp", "wb") as f:
+                f.write(text if isinstance(text, bytes) else text.encode())
+            os.replace(os.environ[FR_FILE_VAR] + ".tmp", os.environ[FR_FILE_VAR])
+    threading.Thread(target=answer, name="orchestrator-flight-recorder", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     spare = None
     if argv[:1] == ["--spare"] and len(argv) > 1:
@@ -335,6 +359,7 @@ def main(argv: list[str]) -> int:
         return 2
     _die_with_parent()
     _take_niceness()
+    _answer_flight_recorder()
     beat_fd: list = [None]
     if spare is not None and not _wait_as_spare(spare, beat_fd):
         return 0
@@ -383,10 +408,8 @@ def main(argv: list[str]) -> int:
 
 def _returned() -> None:
     """The script ran to its end: a crash after this (a library's teardown at exit) is no failure."""
-    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
-    if path:
-        with open(path + ".returned", "w"):
-            pass
+    if os.environ.get("ORCHESTRATOR_FAILURE_FILE"):
+        open(os.environ["ORCHESTRATOR_FAILURE_FILE"] + ".returned", "w").close()
 
 
 if __name__ == "__main__":
