@@ -2,7 +2,8 @@
 
 Iterating on a job means running it many times a day, and an embedded cluster costs Ray's start
 and stop on every run. `orchestrator up` starts one local Ray head (loopback only, token auth
-with a token of its own, no dashboard) and records it in the state directory; while it is up,
+with a token of its own, Ray's dashboard on a loopback port unless --no-dashboard) and records
+it in the state directory; while it is up,
 `orchestrator run` without `--address` or `RAY_ADDRESS` joins it and says so. `orchestrator down`
 ends its processes, found by their own process ids (every Ray process of the session holds files
 in its session directory), and removes its files: nothing is left behind.
@@ -52,10 +53,18 @@ class WarmCluster:
     started_at: float
     # The keeper (reaper.py over `ray start --block`) that holds the cluster's processes (0 in older records).
     keeper_pid: int = 0
+    # Ray's dashboard (and Jobs API), http://127.0.0.1:PORT; "" when started without one.
+    dashboard: str = ""
 
 
 def _record_path() -> str:
     return os.path.join(state_dir(), RECORD_NAME)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _answers(address: str) -> bool:
@@ -91,23 +100,25 @@ def current(on_stale: Callable[[str], None] | None = None) -> WarmCluster | None
     return None
 
 
-def up(num_cpus: int | None = None) -> tuple[WarmCluster, bool]:
-    """Start the warm cluster (or find the running one); returns it and whether it was started now."""
+def up(num_cpus: int | None = None, dashboard: bool = True) -> tuple[WarmCluster, bool]:
+    """Start the warm cluster (or find the running one); returns it and whether it was started now.
+    With `dashboard`, Ray's dashboard listens on a free loopback port, answering once this returns."""
     existing = current()
     if existing is not None:
         return existing, False
     # Short: Ray's socket paths live under it and must stay under the OS limit of 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="orch-warm-", dir="/tmp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, dashboard_port, agent_port = _free_port(), _free_port(), _free_port()
     token = secrets.token_hex(32)
     env = {**os.environ, **QUIET_RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     command = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--head", "--block",
-               "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}",
-               "--disable-usage-stats"]
+               "--node-ip-address=127.0.0.1", f"--port={port}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+               # The dashboard's agent on each node takes jobs (`ray job submit`): on a port of its
+               # own, not Ray's fixed default, which another Ray on the machine may hold.
+               *(["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
+                  f"--dashboard-agent-listen-port={agent_port}"] if dashboard else ["--include-dashboard=false"])]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     log_path = os.path.join(temp_dir, "ray-start.log")
@@ -118,7 +129,9 @@ def up(num_cpus: int | None = None) -> tuple[WarmCluster, bool]:
     address = f"127.0.0.1:{port}"
     session_dir = os.path.join(temp_dir, "session_latest")
     deadline = time.monotonic() + START_TIMEOUT_S
-    while keeper.poll() is None and not (_answers(address) and _raylet_up(session_dir)):
+    dashboard_address = f"127.0.0.1:{dashboard_port}" if dashboard else None
+    while keeper.poll() is None and not (_answers(address) and _raylet_up(session_dir)
+                                         and (dashboard_address is None or _answers(dashboard_address))):
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -130,7 +143,8 @@ def up(num_cpus: int | None = None) -> tuple[WarmCluster, bool]:
         raise UserError(f"`ray start` could not start the warm local cluster: {tail[0]}. Fix: see `ray start --head` "
                         "on this machine, or run without `orchestrator up` (an embedded cluster per run).")
     session_dir = os.path.realpath(session_dir)  # the link names the session's own folder once Ray made it
-    warm = WarmCluster(address, session_dir, temp_dir, token, time.time(), keeper.pid)
+    warm = WarmCluster(address, session_dir, temp_dir, token, time.time(), keeper.pid,
+                       f"http://{dashboard_address}" if dashboard_address else "")
     fd = os.open(_record_path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(asdict(warm), f)

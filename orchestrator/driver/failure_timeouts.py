@@ -12,6 +12,7 @@ a worker group that cannot be placed is retried every minute forever, and a rest
 | RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S | 60 | failure.capacity_timeout_s; elastic: 10 | one wait, then a clear error |
 | TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S | 30 | 2 | a frozen or dead rank never answers the shutdown |
 | TorchConfig(timeout_s) | 1800 | max(600, 10 x hang_timeout_s) | a backstop; the watchdog knows phases |
+| RAY_TRAIN_ENABLE_STATE_TRACKING | 0 | 1 | Ray Train's state API (`/api/train/v2/runs`) lists the run and its workers |
 
 The RAY_TRAIN_* values reach Ray Train's controller from the driver's environment (Ray
 propagates them). The process-group shutdown timeout is read by the controller process itself:
@@ -51,6 +52,7 @@ def ray_train_env(failure: FailureSpec, scaling: ScalingSpec) -> dict[str, str]:
         "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S": f"{failure.hang_timeout_s:g}",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": f"{HEALTH_CHECK_INTERVAL_S:g}",
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{start_timeout:g}",
+        "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
     }
 
 

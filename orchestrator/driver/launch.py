@@ -48,6 +48,10 @@ ABORT_WAIT_S = 15.0
 # Seconds a CLI run on its own embedded cluster still waits for trainer.fit() after rank 0
 # reported the end and every agent cleaned up: a failure reported right after it still counts.
 FINISHED_GRACE_S = 0.5
+# On the warm local cluster, which outlives the run, its dashboard and Ray Train's state API keep
+# the run: fit() is given this long to return (Ray Train's teardown, a second or two), so that they
+# record it as finished, not as aborted by a driver that left.
+WARM_FINISHED_GRACE_S = 10.0
 
 
 def _print(line: str) -> None:
@@ -133,11 +137,11 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             where = metrics_endpoint()
             if where:
                 say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
-            # The CLI leaves as soon as the run is done, on its own embedded cluster (ended by pid
-            # right after) or on the warm local one (Ray ends a job's actors when its driver
-            # leaves): waiting for Ray Train's teardown would only delay the user.
-            fast_exit = process_exits and (connection.embedded or connection.warm)
-            attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, done_when_finished=fast_exit)
+            # The CLI leaves as soon as the run is done on its own embedded cluster (ended by pid
+            # right after): waiting for Ray Train's teardown would only delay the user.
+            grace = (FINISHED_GRACE_S if connection.embedded else WARM_FINISHED_GRACE_S if connection.warm
+                     else None) if process_exits else None
+            attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, finished_grace_s=grace)
             result, error = attempt.fit(trainer)
             if run_lease.lost is not None:  # the run is the newer driver's now, summary.json too
                 raise TrainingFailed(taken_over_message(job.name, str(run_lease.lost)))
@@ -161,14 +165,14 @@ class _Attempt:
     """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
 
     def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float,
-                 run_lease: RunLease, done_when_finished: bool = False):
+                 run_lease: RunLease, finished_grace_s: float | None = None):
         self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
         self.started = started
         # Its `lost` is set (and on_lost called) by the lease's heartbeat once another driver took the run over.
         self.run_lease = run_lease
-        # Stop waiting for trainer.fit() once rank 0 reported the end (checkpoints committed):
-        # what is left is Ray Train's teardown, which the caller's exit makes moot.
-        self.done_when_finished = done_when_finished
+        # Stop waiting for trainer.fit() this long after rank 0 reported the end (checkpoints
+        # committed): what is left is Ray Train's teardown, which the caller's exit makes moot.
+        self.finished_grace_s = finished_grace_s
         self.watcher = RunWatcher(monitor, job, say, RunMetrics(job.name, started))
         self.signals = StopSignals(on_stop=self._request_stop)
 
@@ -206,10 +210,10 @@ class _Attempt:
         finished_since = None
         while thread.is_alive():
             thread.join(timeout=0.2)
-            if self.done_when_finished and not self.signals.received and thread.is_alive():
+            if self.finished_grace_s is not None and not self.signals.received and thread.is_alive():
                 if finished_since is None and self._finished():
                     finished_since = time.monotonic()
-                if finished_since is not None and time.monotonic() - finished_since > FINISHED_GRACE_S:
+                if finished_since is not None and time.monotonic() - finished_since > self.finished_grace_s:
                     return None
             if self.run_lease.lost is not None and aborting_since is None:
                 # Another driver holds the run now: end this one's workers at once, with no restart

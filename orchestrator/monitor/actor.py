@@ -80,17 +80,19 @@ def start_monitor(run: str, hang_timeout_s: float, phase_limits: dict[str, float
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
     node, taking the run's record of committed checkpoints with it. The driver's node lives
-    exactly as long as the run does.
+    exactly as long as the run does. It is named by its run (`<run> monitor`, in the driver's own
+    namespace), so that Ray's dashboard lists it as the run's.
     """
     here = ray.get_runtime_context().get_node_id()
-    return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        hang_timeout_s, phase_limits, max_restarts, straggler, run)
+    return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                              name=f"{run} monitor").remote(hang_timeout_s, phase_limits, max_restarts, straggler, run)
 
 
 @ray.remote(num_cpus=0)
 class RunMonitor:
     def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
                  max_restarts: int = -1, straggler: tuple[float, float] = (1.3, 20.0), run: str = "") -> None:
+        self._run = run
         self._events: list[Event] = []
         self._latest_checkpoint: CheckpointCommitted | None = None
         # The attempt running now (protocol.py): the watchdog judges its beats alone.
@@ -118,6 +120,10 @@ class RunMonitor:
         # The agents of the current group that ended and removed what they kept on their node.
         self._agents_done: set[int] = set()
         self._output = OutputBuffer()
+
+    def __repr__(self) -> str:
+        """What Ray's dashboard shows as the actor's Repr, and its log lines' prefix."""
+        return f"RunMonitor(run={self._run!r})"
 
     def push(self, event: Event | Output) -> None:
         if isinstance(event, Output):
