@@ -52,7 +52,8 @@ def main() -> int:
                 record = json.load(f)
             submit = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": record["token"]}
             entrypoint = [*orchestrator, "run", "jobs/quickstart.yaml", "--set", f"storage={scratch}/runs"]
-            subprocess.run(["ray", "job", "submit", "--address", record["dashboard"], "--no-wait", "--", *entrypoint],
+            subprocess.run(["ray", "job", "submit", "--address", record["dashboard"], "--no-wait",
+                            "--metadata-json", json.dumps({"job_name": "digits-quickstart"}), "--", *entrypoint],
                            env=submit, cwd=REPO, check=True, capture_output=True)
             deadline = time.monotonic() + 300
             while sum(a["class_name"] == "RayTrainWorker" and a["state"] == "ALIVE" for a in actors(record)) < 2:

@@ -54,7 +54,7 @@ class Connection:
     saved_auth: dict[str, str | None] | None = None
 
 
-def connect(address: str | None, job_env: dict[str, str] | None = None) -> Connection:
+def connect(address: str | None, job_env: dict[str, str] | None = None, job_name: str | None = None) -> Connection:
     """Start an embedded cluster (no address and no RAY_ADDRESS) or connect to `address`.
 
     `job_env` goes to every process of the job: the training workers, and Ray Train's controller
@@ -65,6 +65,9 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
     environment as Ray starts them; joining a cluster, `job_env` becomes the job's runtime
     environment, less the keys of the `ray job submit` job this driver runs in (Ray refuses a
     runtime_env that shares a key with the job's own).
+
+    `job_name` names the driver's job on a cluster it joins (the Name column of the dashboard's
+    Jobs page); a `ray job submit` job keeps the name its submitter gave (--metadata-json).
     """
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
@@ -91,6 +94,8 @@ def connect(address: str | None, job_env: dict[str, str] | None = None) -> Conne
         env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
         if env:
             init_kwargs["runtime_env"] = {"env_vars": env}
+        if job_name and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+            init_kwargs["job_config"] = ray.job_config.JobConfig(metadata={"job_name": job_name})
         _join(address, init_kwargs)
         return Connection(False, address, _session_dir(), warm=warm is not None, notes=notes)
     reap_orphans()

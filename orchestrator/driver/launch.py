@@ -116,7 +116,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
     with recovery_settings(job.failure, job.scaling) as controller_env:
         result: RunResult | None = None
         error: BaseException | None = None
-        connection = cluster.connect(address, job_env={**worker_env, **controller_env})
+        connection = cluster.connect(address, job_env={**worker_env, **controller_env}, job_name=job.name)
         for note in connection.notes:
             say(f"note: {note}")
         if job.kind == "script" and (connection.embedded or connection.warm):

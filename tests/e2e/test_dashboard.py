@@ -1,7 +1,8 @@
 """Ray's dashboard on the warm local cluster (`orchestrator up`): the address and the token are
-printed, and what it shows of a run is true: Ray Train's state API lists the run by name, finished
-(not aborted by a driver that left), with each worker's rank, node and pid; the Actors API lists
-the run's monitor by name; without the token it answers nothing."""
+printed, and what it shows of a run is true: the Jobs API lists the run's driver by the run's name;
+Ray Train's state API lists the run by name, finished (not aborted by a driver that left), with
+each worker's rank, node and pid; the Actors API lists the run's monitor by name; without the
+token it answers nothing."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def test_the_warm_clusters_dashboard_shows_the_run_by_name_finished_with_its_ran
     actors = _get(record, "/api/v0/actors?detail=1&limit=10000", record["token"])["data"]["result"]["result"]
     monitor = [a for a in actors if a["class_name"] == "RunMonitor" and a["name"] == "on-the-dashboard monitor"]
     assert len(monitor) == 1 and monitor[0]["repr_name"] == "RunMonitor(run='on-the-dashboard')"
+
+    # The Jobs page: the run's driver job, named by the run (its Name column).
+    jobs = [j for j in _get(record, "/api/jobs/", record["token"]) if (j.get("metadata") or {}).get("job_name")
+            == "on-the-dashboard"]
+    assert len(jobs) == 1 and jobs[0]["status"] == "SUCCEEDED" and "orchestrator" in jobs[0]["entrypoint"]
 
     with pytest.raises(urllib.error.HTTPError) as refused:
         _get(record, "/api/train/v2/runs/v1", None)
