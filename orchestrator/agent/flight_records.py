@@ -72,7 +72,10 @@ def collect(children: list, log_dir: str | None, wait_s: float = 3.0) -> dict[in
                 except (OSError, ValueError):
                     continue
                 if log_dir:
-                    shutil.copyfile(path, os.path.join(log_dir, f"rank-{rank}.flight-recorder.json"))
+                    try:
+                        shutil.copyfile(path, os.path.join(log_dir, f"rank-{rank}.flight-recorder.json"))
+                    except OSError:  # a lost run directory costs the copy, never the verdict
+                        pass
     return found
 
 
