@@ -112,7 +112,8 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
             checks += _allreduce_checks(spec, nodes, probes, check_gloo)[0]
             return Report(tables, checks, strict)
         use_gpu = bool(spec and spec.scaling.use_gpu)
-        workers = [n for n in nodes if n["NodeID"] in _reachable(probes) and doctor_nodes.can_hold_a_worker(n, use_gpu)]
+        reachable = _reachable(probes)
+        workers = [n for n in nodes if n["NodeID"] in reachable and doctor_nodes.can_hold_a_worker(n, use_gpu)]
         measured = doctor_nodes.measure_devices(workers)  # before the all-reduce's workers start beside it
         allreduce, timings = _allreduce_checks(spec, nodes, probes, check_gloo, [n["NodeID"] for n in workers])
         links = timings.get("links") if timings else None
