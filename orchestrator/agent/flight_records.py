@@ -16,6 +16,7 @@ With NCCL, torch also dumps by itself when its watchdog times a collective out
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ FR_SIGNAL = signal.SIGRTMIN + 5
 BUFFER_ENTRIES = "2000"
 DUMP_NAME = "flight-recorder.json"
 
+log = logging.getLogger("orchestrator.worker")
+
 
 def rank_env(base_env: dict[str, str], where: str, log_dir: str | None) -> dict[str, str]:
     """What a rank child needs for its flight recorder; a value the user set wins."""
@@ -42,9 +45,12 @@ def rank_env(base_env: dict[str, str], where: str, log_dir: str | None) -> dict[
     return env
 
 
-def collect(children: list, log_dir: str | None, wait_s: float = 3.0) -> dict[int, dict[str, Any]]:
+def collect(children: list, log_dir: str | None, wait_s: float = 10.0) -> dict[int, dict[str, Any]]:
     """Each live, running child's dump, asked for at once and awaited up to `wait_s`: rank ->
-    {process group: its last collective} (summarize). Each dump is copied beside its log."""
+    {process group: its last collective} (summarize). Each dump is copied beside its log.
+
+    A dump takes tens of milliseconds; the wait is long for a loaded machine (3 s once missed a
+    rank on a two-core CI machine), and only a rank that cannot answer makes the verdict wait."""
     asked = {}
     for child in children:
         path = child.env.get(FR_FILE_VAR)
@@ -70,12 +76,15 @@ def collect(children: list, log_dir: str | None, wait_s: float = 3.0) -> dict[in
                     with open(path) as f:
                         found[rank] = summarize(json.load(f))
                 except (OSError, ValueError):
+                    log.warning("rank %d's flight record at %s could not be read", rank, path)
                     continue
                 if log_dir:
                     try:
                         shutil.copyfile(path, os.path.join(log_dir, f"rank-{rank}.flight-recorder.json"))
                     except OSError:  # a lost run directory costs the copy, never the verdict
                         pass
+    for rank in sorted(asked):
+        log.warning("rank %d gave no flight record within %.0f s of the signal", rank, wait_s)
     return found
 
 

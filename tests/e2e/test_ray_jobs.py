@@ -155,11 +155,13 @@ JOB_WAIT_S = 900
 def test_a_job_stopped_with_ray_job_stop_resumes_when_submitted_again(head_node, tmp_path, clean_torch):
     address, env, session_dir = head_node
     spec_path = tmp_path / "job.yaml"
-    # Rank 0 holds 10 s at step 22, two checkpoints in: the stop lands mid-run however long
-    # `ray job stop` takes on a loaded machine, and well within the job's 20 s grace.
+    # Rank 0 holds at step 22, two checkpoints in, until the stop reaches it (at most 45 s, within
+    # the 60 s hang timeout): the stop lands mid-run however long the `ray` commands take on a
+    # loaded machine (a fixed 10 s hold was not enough on CI: the run had ended its last epoch
+    # when the stop came), and the stop checkpoint comes at once, well within the job's 20 s grace.
     marker = tmp_path / "at-step-22"
     spec = torch_spec("ray-job", tmp_path, loop="faulty:slow_loop", sleep_s=0.2, mark_at=22, marker=str(marker),
-                      hold_s=10.0)
+                      hold_s=45.0)
     spec_path.write_text(yaml.safe_dump(spec))
     store = CheckpointStore(storage.resolve(str(tmp_path / "ray-job")))
 

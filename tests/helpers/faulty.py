@@ -174,7 +174,9 @@ def slow_loop(ctx) -> None:
     """jobs.digits_torch's loop, slowed down so it can be interrupted from outside (driver kill,
     ray job stop); with `mark_at` and `marker` in its config it announces that step, and with
     `hold_s` rank 0 then waits that long once, so the run is still there however long the test
-    takes to act on the marker."""
+    takes to act on the marker. A stop the driver asks for ends the wait at once (the rank's
+    heartbeat heard it), so that the stop checkpoint comes within the stop's grace however long
+    the wait."""
     import time
 
     sleep_s = ctx.config.pop("sleep_s", 0.2)
@@ -189,7 +191,9 @@ def slow_loop(ctx) -> None:
         if marker and not os.path.exists(marker):
             _mark(marker, ctx.global_step, mark_at, ctx.rank)
             if os.path.exists(marker):
-                time.sleep(hold_s)
+                heartbeat, until = getattr(ctx._session, "heartbeat", None), time.monotonic() + hold_s
+                while time.monotonic() < until and not getattr(heartbeat, "stop_requested", False):
+                    time.sleep(0.1)
 
     ctx.step = step
     digits_train_loop(ctx)
