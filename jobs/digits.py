@@ -3,7 +3,7 @@
 An ordinary LightningModule and LightningDataModule: nothing in them knows about Ray or the
 orchestrator. The spec (jobs/quickstart.yaml) names them and says how to scale.
 
-    orchestrator run jobs/quickstart.yaml                              # embedded local Ray cluster
+    orchestrator run jobs/quickstart.yaml                              # local mode: this machine, no Ray
     orchestrator run jobs/quickstart.yaml --set scaling.num_workers=4  # more workers
     ray job submit --working-dir . -- orchestrator run jobs/quickstart.yaml   # on a cluster
 """

@@ -6,7 +6,8 @@
 
 Which process runs each folder (each imports only from the rows above it; tests/project/test_layout.py checks both):
     errors, storage, run_dir, failures,   every process: errors, files, the run's folder, what failed,
-    protocol, processes, ray_private      the typed messages, processes by id, Ray's private API
+    protocol, processes, ray_private,     the typed messages, processes by id, Ray's private API,
+    handles                               the run monitor called as an actor or in this process
     data/           the driver (its input check) and the ranks (loading): the global sample order, Parquet
     spec/           the driver parses and validates the job spec (nothing more); every process reads its JobSpec
     cluster/        the driver: its connection to Ray, embedded and warm clusters, their records
@@ -14,9 +15,9 @@ Which process runs each folder (each imports only from the rows above it; tests/
     observe/        the monitor and agents (metrics) and the driver (goodput, summary.json, history)
     worker_config   every process of a run: what the driver hands each agent, and each agent its ranks
     rank/           each rank child of a node's agent: the torch and Lightning harnesses, a script's bootstrap
-    agent/          each Ray Train worker: a node's agent, which starts and restarts its rank children
+    agent/          a node's agent, in each Ray Train worker (local mode: the command): it (re)starts the ranks
     monitor/        Ray actors: the run monitor (attempts, hang watchdog) and Ray Train's controller callback
-    driver/         the driver process alone: resume decision, launch, console, signals
+    driver/         the driver process alone: resume decision, launch (on Ray or in local mode), console, signals
     cli/            the command's process, one module per command (doctor's probes run on each node)
 """
 

@@ -249,6 +249,15 @@ def clean_lightning(tmp_path_factory, _warm_record):
     return _once_for_the_session(tmp_path_factory, "clean-lightning", _warm_record, lightning_spec)
 
 
+@pytest.fixture(scope="session")
+def plain_torchrun(tmp_path_factory) -> dict:
+    """The seed script's clean run under plain torchrun (seed_runs.py): the weights every run of it
+    through the orchestrator must end with."""
+    from seed_runs import plain_torchrun_weights
+
+    return plain_torchrun_weights(str(tmp_path_factory.mktemp("plain") / "work"))
+
+
 @pytest.fixture
 def small_filesystem(tmp_path):
     """A real 3 MB filesystem (tmpfs) for full-disk tests, where mounting is allowed (root)."""

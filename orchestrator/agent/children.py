@@ -249,11 +249,11 @@ class Sweeper:
             os.remove(self.path)
         except OSError:
             pass
-        try:
-            self.process.wait(timeout=sessions.SWEEP_POLL_S * 4 + 1)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        # Its watch is over (the agent ended the ranks itself, and with the file gone it has nothing
+        # left to end): killed now rather than left to its next look (SWEEP_POLL_S), which a local
+        # run's command would wait for before it returns. It ignores SIGTERM on purpose.
+        self.process.kill()
+        self.process.wait()
 
 
 def _hand_over(spare: subprocess.Popen | None, env: dict[str, str]) -> subprocess.Popen | None:
@@ -279,12 +279,25 @@ def _signal(child: Child, signum: int) -> None:
         pass
 
 
+# Seconds a stopped child waits, at a hang, before it is continued to dump its stacks (_dump).
+STOPPED_DUMP_DELAY_S = 2.0
+
+
 def _dump(children: list[Child], wait_s: float) -> dict[int, str]:
-    """faulthandler's dump of each child's stacks (bootstrap.py), read back from its output."""
+    """faulthandler's dump of each child's stacks (bootstrap.py), read back from its output.
+
+    The running children first, here and on every other node: a stopped one, once continued, dumps
+    and ends, and a peer waiting for it in a collective would then raise (the connection closed)
+    before its own dump came; so a stopped child is continued STOPPED_DUMP_DELAY_S later, time
+    for every agent to have heard the verdict and signalled its running ranks."""
+    stopped = [c for c in children if c.stopped()]
     for child in children:
         child.tail.clear()
-        _signal_main_thread(child, STACK_SIGNAL)
-        _signal(child, signal.SIGCONT)  # a stopped process handles the signal once continued
+        _signal_main_thread(child, STACK_SIGNAL)  # a stopped process handles it once continued
+    if stopped:
+        time.sleep(STOPPED_DUMP_DELAY_S)
+    for child in stopped:
+        _signal(child, signal.SIGCONT)
     deadline = time.monotonic() + wait_s
     where: dict[int, str] = {}
     while time.monotonic() < deadline and len(where) < len(children):

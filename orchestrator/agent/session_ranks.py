@@ -25,8 +25,7 @@ import time
 import types
 from typing import Any
 
-import ray
-
+from orchestrator import handles
 from orchestrator.agent.children import Placement
 from orchestrator.agent.rank_start import without_ray
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply
@@ -49,8 +48,9 @@ VOUCH_AFTER_S = 2.5
 class SessionStart:
     """The command, directory and environment of a ctx or Lightning job's rank children."""
 
-    def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str):
+    def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str, devices: str):
         self.config, self.link, self.scratch, self.node_id = config, link, scratch, node_id
+        self.devices = devices  # the agent's (agent/group.py): rank child i trains on the i-th
 
     @staticmethod
     def command() -> list[str]:
@@ -73,17 +73,10 @@ class SessionStart:
         # this agent's copy of its pipe, so it writes no log of its own.
         worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
         write_config(path, RankConfig(worker=worker, in_place=in_place))
-        env.update({CONFIG_VAR: path, DEVICE_VAR: _agent_devices(), NODE_ID_VAR: self.node_id,
+        env.update({CONFIG_VAR: path, DEVICE_VAR: self.devices, NODE_ID_VAR: self.node_id,
                     "ORCHESTRATOR_NICENESS": str(self.config.niceness),
                     "PYTHONUNBUFFERED": "1"})
         return env
-
-
-def _agent_devices() -> str:
-    """This agent's devices, as Ray Train assigned them (rank child i trains on the i-th)."""
-    import ray.train.torch
-
-    return ",".join(str(device) for device in ray.train.torch.get_devices())
 
 
 class Answers:
@@ -96,34 +89,54 @@ class Answers:
         self._lock = threading.Lock()
         # Per rank: its newest beat and when it arrived (time.monotonic()).
         self._last: dict[int, tuple[Beat, float]] = {}
+        # Per rank vouched for: the time of the own beat vouched for, and its process's steps then.
+        self._vouch_from: dict[int, tuple[float, int]] = {}
 
     def new_attempt(self, attempt: int, latest_uri: str | None) -> None:
         with self._lock:
             self.attempt, self.latest_uri = attempt, latest_uri
             self._last.clear()
+            self._vouch_from.clear()
 
     def beats_itself(self, rank: int) -> bool:
         return rank in self._last
+
+    def last_step(self, rank: int) -> int:
+        """The newest step the child's own beats said (its global step; 0 before its first beat)."""
+        with self._lock:
+            last = self._last.get(rank)
+        return last[0].step if last else 0
 
     def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
         """The agent's beat for a child that has not beaten yet (imports, the process group)."""
         return Beat(rank=rank, step=0, phase=STARTING, idle_s=idle_s, node_id=node_id, pid=pid)
 
-    def vouched(self, rank: int, now: float) -> Beat | None:
-        """The running child's last beat, aged by the time since, once its own is overdue (else None)."""
+    def vouched(self, rank: int, now: float, steps: int, idle_s: float) -> Beat | None:
+        """The running child's last beat, aged by the time since, once its own is overdue (else None).
+
+        `steps` and `idle_s` are the child's optimizer steps in its process and the seconds since
+        its last one (its beat file): steps it took since its own beat fell behind (a starved
+        heartbeat thread on a loaded machine) are counted, so that a rank that trains is never
+        judged by a stale step. Counted from the first vouch, they never say more than it did."""
         with self._lock:
             last = self._last.get(rank)
-        if last is None or now - last[1] < VOUCH_AFTER_S:
-            return None
-        beat, at = last
-        return dataclasses.replace(beat, idle_s=beat.idle_s + (now - at), received=0.0)
+            if last is None or now - last[1] < VOUCH_AFTER_S:
+                return None
+            beat, at = last
+            since = self._vouch_from.setdefault(rank, (at, steps))
+            if since[0] != at:  # a newer beat of its own came in between: count from here
+                since = self._vouch_from[rank] = (at, steps)
+        taken = max(0, steps - since[1])
+        return dataclasses.replace(beat, step=beat.step + taken,
+                                   idle_s=min(beat.idle_s + (now - at), idle_s) if taken else beat.idle_s + (now - at),
+                                   received=0.0)
 
     def __call__(self, op: str, payload: Any) -> Any:
         if op == SEND:
             self.monitor.push.remote(payload)
             return None
         if op == SEND_AND_WAIT:
-            ray.get(self.monitor.push.remote(payload), timeout=WAIT_S)
+            handles.get(self.monitor.push.remote(payload), timeout=WAIT_S)
             return None
         if op == BEGIN:
             return AttemptBegun(self.attempt, self.latest_uri)
@@ -140,4 +153,4 @@ class Answers:
     def _beat(self, attempt: int, beat: Beat) -> BeatReply:
         with self._lock:
             self._last[beat.rank] = (beat, time.monotonic())
-        return ray.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)
+        return handles.get(self.monitor.beat.remote(attempt, beat), timeout=BEAT_REPLY_S)

@@ -10,7 +10,7 @@ environment, and watches them:
   that exited 0 is reported finished: the hang watchdog judges an unmodified script by what it
   does, not by whether it steps an optimizer (monitor/watchdog.py). A stopped child (SIGSTOP)
   sends none. On a hang verdict every rank's stacks go into its log, and it ends;
-- rank 0's output is sent to the driver's console (best effort: a backlog past ECHO_BACKLOG
+- rank 0's output is sent to the driver's console (best effort: a backlog past echo.BACKLOG
   lines is dropped with a note, the log keeps everything); every rank's goes to
   <run>/logs/rank-N.log, on every storage (on an object store, copied there at each attempt's end);
 - nothing the ranks start outlives them: each rank's session is ended with it, this process
@@ -32,11 +32,11 @@ import threading
 import time
 from typing import Any
 
-import ray
-import ray.train
-
+from orchestrator import handles
 from orchestrator.agent import sessions
 from orchestrator.agent.children import LocalRanks, Placement, Sweeper, copy_logs, free_port
+from orchestrator.agent.echo import Echo
+from orchestrator.agent.group import AgentEnded, AgentGroup
 from orchestrator.agent.outcome import failure_of, signal_name
 from orchestrator.agent.rank_start import RankStart
 from orchestrator.agent.session_ranks import Answers, SessionStart
@@ -49,7 +49,6 @@ from orchestrator.protocol import (
     WAIT,
     Beat,
     Finished,
-    Output,
     RankStarted,
     RunWarning,
     Stacks,
@@ -80,27 +79,23 @@ BEAT_S = 1.0
 PROGRESS_S = 2.0
 # Seconds between batches of rank 0's output sent to the driver's console.
 ECHO_S = 0.3
-# Lines of rank 0's output held for the console at most: past that (a script printing faster than
-# the console shows), the oldest are dropped with a note; the rank's log keeps them all.
-ECHO_BACKLOG = 20_000
 # CPU seconds a rank's session must use within one heartbeat to count as alive by its CPU: more
 # than the clock ticks the bootstrap's own look at the stack can add (1 tick = 10 ms).
 CPU_ALIVE_S = 0.02
 
 
 def train_script(config: WorkerConfig) -> None:
-    Supervisor(config).run()
+    Supervisor(config, AgentGroup.of_ray_train(config.spec.ranks_per_worker)).run()
 
 
 class Supervisor:
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, group: AgentGroup):
         self.config, self.spec, self.monitor = config, config.spec, config.monitor
         # A ctx or Lightning rank runs the worker session in the child (session_ranks.py).
         self.sessions = self.spec.kind != "script"
-        self.k = self.spec.ranks_per_worker
-        context = ray.train.get_context()
-        self.worker, self.workers = context.get_world_rank(), context.get_world_size()
-        self.node_id = ray.get_runtime_context().get_node_id()
+        self.k = group.ranks
+        self.group = group
+        self.worker, self.workers, self.node_id = group.worker, group.workers, group.node_id
         self.hostname = socket.gethostname()
         self.run_dir = RunDir.at(config.run_uri)
         self.scratch = make_scratch(SCRATCH_PREFIX)
@@ -112,7 +107,6 @@ class Supervisor:
         self.sweeper = Sweeper(self.scratch)
         # Per rank: its session's CPU seconds at the last beat, and when they last grew.
         self._cpu: dict[int, tuple[float, float]] = {}
-        self._echo_dropped = 0
         self.ranks: LocalRanks | None = None
         self.placement: Placement | None = None
         self.attempt = 0
@@ -122,8 +116,7 @@ class Supervisor:
         self._closing, self._last_beat = False, 0.0
         self._first_step_seen, self._last_progress_step = False, 0
         self._teardown_warned: set[int] = set()
-        self._echoed: list[str] = []
-        self._echo_lock = threading.Lock()
+        self.echo = Echo(lambda output: self.monitor.push.remote(output))  # rank 0's output, to the console
         self.answers = Answers(self.monitor) if self.sessions else None
         self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
         # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py).
@@ -162,19 +155,21 @@ class Supervisor:
                 self.spares.close()
             self._end_orphans()
             self.sweeper.close()
-            self._flush_echo()
+            self.echo.flush()
             self._copy_logs()
             if self.link is not None:
                 self.link.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.group.local:  # the command's process goes on: orphans are its caller's again
+                sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 0)
             self._done()
 
     def _begin(self, k: int) -> dict[str, Any]:
-        begun = ray.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
-        return {"attempt": begun.attempt, "master_addr": ray.util.get_node_ip_address()}
+        begun = handles.get(self.monitor.begin_group.remote(self.workers * k, self.workers), timeout=60)
+        return {"attempt": begun.attempt, "master_addr": self.group.master_addr}
 
     def _attempt_state(self) -> dict[str, Any]:
-        state = ray.get(self.monitor.attempt_state.remote(), timeout=60)
+        state = handles.get(self.monitor.attempt_state.remote(), timeout=60)
         return {**state, "port": free_port()}
 
     def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
@@ -182,11 +177,12 @@ class Supervisor:
         self.placement = placement
         if self.sessions:
             self.answers.new_attempt(placement.attempt, latest_uri or self.config.resume_uri)
-            start = SessionStart(self.config, self.link.address, self.scratch, self.node_id)
+            start = SessionStart(self.config, self.link.address, self.scratch, self.node_id,
+                                 self.group.devices(self.k, self.spec.scaling.use_gpu))
             env, echo = start.env(placement, in_place), None  # a ctx job's output stays in its logs
         else:
             start = RankStart(self.spec, self.config.script_context or ScriptContext(os.getcwd()), self.run_dir)
-            env, echo = start.env(placement), self._echo
+            env, echo = start.env(placement), self.echo
         self.ranks = LocalRanks(start.command(), start.cwd(), env, placement, self.scratch, self.log_dir, echo=echo,
                                 spares=self.spares.take() if self.spares is not None else None)
         self.sweeper.track(self.ranks.sessions)
@@ -211,8 +207,10 @@ class Supervisor:
                 self.ranks.stop()
                 self._end_orphans()
                 self.sweeper.close()
-                self._flush_echo()
+                self.echo.flush()
                 self._copy_logs()
+                if self.group.local:  # the agent is the command's own process: it goes on, the run ends
+                    raise AgentEnded(self.abort)
                 os._exit(HANG_EXIT_CODE)
             if self.sessions and any(code == HANG_EXIT_CODE for _, code in self.ranks.exited()):
                 # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
@@ -243,7 +241,7 @@ class Supervisor:
             if not reported and now - last_asked < (VERDICT_S if self.workers > 1 else LONE_VERDICT_S):
                 continue
             last_asked = now
-            verdict = ray.get(self.monitor.attempt_verdict.remote(attempt), timeout=60)
+            verdict = handles.get(self.monitor.attempt_verdict.remote(attempt), timeout=60)
             if verdict.action != WAIT:
                 return verdict
 
@@ -282,22 +280,22 @@ class Supervisor:
                                             collectives={str(r): c for r, c in records.items()}))
         self.ranks.stop()
         self._end_orphans()
-        self._flush_echo()
+        self.echo.flush()
         self._copy_logs()
 
     def _finish(self, stopped: bool) -> None:
-        self._flush_echo()
+        self.echo.flush()
         if self.worker != 0 or self.sessions:  # a ctx job's rank 0 reported its own end
             return
         progress = self.ranks.children[0].progress()
         # Waited for: the worker may be torn down as soon as this returns (session.py's finish).
-        ray.get(self.monitor.push.remote(Finished(
+        handles.get(self.monitor.push.remote(Finished(
             attempt=self.placement.attempt, stopped=stopped, step=progress.steps,
             step_time_s=progress.step_time_s or None)), timeout=60)
 
     def _done(self) -> None:
         try:  # waited for: a driver that sees every agent done may end the cluster at once
-            ray.get(self.monitor.agent_done.remote(self.worker), timeout=10)
+            handles.get(self.monitor.agent_done.remote(self.worker), timeout=10)
         except Exception:  # noqa: BLE001 - then the driver waits for Ray Train's end of the workers
             pass
 
@@ -333,7 +331,7 @@ class Supervisor:
             now = time.monotonic()
             if now - last_echo >= ECHO_S:
                 last_echo = now
-                self._flush_echo()
+                self.echo.flush()
             if now - self._last_beat < BEAT_S or self.ranks is None:
                 continue
             self._last_beat = now
@@ -353,10 +351,14 @@ class Supervisor:
         for child in ranks.children:
             progress = child.progress()
             code = child.process.poll()
-            if code is not None:
-                if code == 0 or self._crashed_after_end(child, code):
+            # A child whose script returned is finished, though its interpreter's teardown (a
+            # loaded machine, a library's exit handler) may take a while: its last beat, from
+            # training, is not vouched for, or the watchdog would call the wait a hang.
+            if code is not None or child.returned():
+                if code is None or code == 0 or self._crashed_after_end(child, code):
+                    step = self.answers.last_step(child.rank) if self.sessions else progress.steps
                     replies.append(self.monitor.beat.remote(attempt, Beat(
-                        rank=child.rank, step=progress.steps, phase=FINISHED, idle_s=0.0, node_id=self.node_id,
+                        rank=child.rank, step=step, phase=FINISHED, idle_s=0.0, node_id=self.node_id,
                         pid=child.process.pid)))
                 continue  # a failed child is reported as the attempt's outcome
             if child.stopped():
@@ -364,7 +366,8 @@ class Supervisor:
             if self.sessions:
                 # A session child beats itself once its session starts; until then, or while its
                 # own beat is overdue though it runs, the agent beats for it (session_ranks.py).
-                beat = (self.answers.vouched(child.rank, now) if self.answers.beats_itself(child.rank) else
+                beat = (self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
+                        if self.answers.beats_itself(child.rank) else
                         self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
                 if beat is not None:
                     replies.append(self.monitor.beat.remote(attempt, beat))
@@ -379,7 +382,7 @@ class Supervisor:
                 rank=child.rank, step=progress.steps, phase=TRAINING if progress.steps else WORKING,
                 idle_s=progress.idle_s, node_id=self.node_id, pid=child.process.pid,
                 stack_idle_s=progress.stack_idle_s, active_idle_s=active_idle, work_s=progress.work_s or None)))
-        for reply in ray.get(replies, timeout=10):
+        for reply in handles.get(replies, timeout=10):
             self.stop_requested = self.stop_requested or reply.stop
             if reply.abort:
                 self.abort = reply.abort
@@ -399,22 +402,3 @@ class Supervisor:
         self.monitor.push.remote(ProgressEvent(step=steps, batch_in_epoch=1, attempt=self.placement.attempt,
                                                first_step=first, script=True,
                                                step_time_s=progress.step_time_s or None))
-
-    def _echo(self, line: str) -> None:
-        with self._echo_lock:
-            self._echoed.append(line)
-            if len(self._echoed) > ECHO_BACKLOG:
-                drop = len(self._echoed) - ECHO_BACKLOG // 2
-                del self._echoed[:drop]
-                self._echo_dropped += drop
-
-    def _flush_echo(self) -> None:
-        with self._echo_lock:
-            lines, self._echoed = self._echoed, []
-            dropped, self._echo_dropped = self._echo_dropped, 0
-        if dropped:
-            lines.insert(0, f"[orchestrator: {dropped} line(s) of rank 0's output not shown here, printed faster "
-                            f"than the console shows them; they are in its log, rank-0.log]")
-        if lines:
-            self.monitor.push.remote(Output(rank=0, lines=lines))
-

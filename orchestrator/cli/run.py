@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from orchestrator.cli.common import EXIT_OK
+from orchestrator.cli.common import EXIT_OK, add_mode_options
 from orchestrator.driver.signals import EXIT_CODES, job_stop_note
 from orchestrator.errors import RunStopped, UserError
 
@@ -21,7 +21,9 @@ def add(commands) -> None:
                           "without SPEC the run is named after the file")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a spec field, e.g. --set scaling.num_workers=4 (repeatable)")
-    run.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
+    run.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else the warm cluster if up, "
+                          "else local mode (one node) or an embedded cluster")
+    add_mode_options(run)
     run.add_argument("--storage", help="where run directories live (overrides the spec's storage)")
     run.add_argument("--resume-from", dest="resume_from", help="latest | none | <checkpoint URI>")
     run.add_argument("--overwrite", action="store_true",
@@ -48,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     from orchestrator.driver.launch import run
 
     try:
-        run(spec, address=args.address, overwrite=args.overwrite, _process_exits=True)
+        run(spec, address=args.address, mode=args.mode, overwrite=args.overwrite, _process_exits=True)
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from orchestrator.cli.common import add_mode_options
 from orchestrator.errors import UserError
 from orchestrator.spec.script import default_run_name
 
@@ -37,7 +38,9 @@ def add(commands) -> None:
                                     "a hash of its real path, e.g. train-1a2b3c4d, printed at the start; the same "
                                     "script resumes the same run)")
     cmd.add_argument("--storage", help="where run directories live (default ~/orchestrator-runs)")
-    cmd.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else an embedded local cluster")
+    cmd.add_argument("--address", help="Ray cluster address; default: RAY_ADDRESS, else the warm cluster if up, "
+                          "else local mode (one node) or an embedded cluster")
+    add_mode_options(cmd)
     cmd.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                      help="an environment variable for every rank (repeatable)")
     cmd.add_argument("--gpu", action="store_true", help="give each rank one GPU of its node (NCCL scripts)")
@@ -103,7 +106,7 @@ def handle(args: argparse.Namespace) -> int:
     from orchestrator.driver.launch import run
 
     try:
-        run(spec, address=args.address, _process_exits=True)
+        run(spec, address=args.address, mode=args.mode, _process_exits=True)
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)

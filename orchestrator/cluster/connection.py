@@ -13,20 +13,18 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray
 from ray.exceptions import AuthenticationError
 
 from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
-from orchestrator.cluster.records import state_dir
+from orchestrator.cluster.records import reap_orphans, record_path
 from orchestrator.errors import UserError
-from orchestrator.processes import end_processes, is_alive, session_pids
+from orchestrator.processes import end_processes, session_pids
 from orchestrator.ray_private import TOKEN_AUTH_LOGGER, enable_token_auth, restore_environ, restore_token_auth
 
 log = logging.getLogger(__name__)
@@ -253,7 +251,7 @@ def disconnect(connection: Connection, *, process_exits: bool = False) -> None:
             # caller may return, or its process exit, before: end them now, and wait.
             end_processes(session_pids(connection.session_dir), grace_s=LEFTOVER_GRACE_S)
     if connection.embedded:
-        _record_path(os.getpid()).unlink(missing_ok=True)
+        record_path(os.getpid()).unlink(missing_ok=True)
 
 
 def _session_dir() -> str:
@@ -265,37 +263,8 @@ def _session_dir() -> str:
         return ""
 
 
-def _record_path(pid: int) -> Path:
-    return state_dir() / f"driver-{pid}.json"
-
-
 def _record(connection: Connection) -> None:
-    _record_path(os.getpid()).write_text(json.dumps({"pid": os.getpid(), "session_dir": connection.session_dir}))
-
-
-def reap_orphans() -> list[int]:
-    """End Ray processes left behind by embedded clusters whose driver died. Returns the pids ended."""
-    ended = []
-    for record in state_dir().glob("driver-*.json"):
-        try:
-            data = json.loads(record.read_text())
-        except (OSError, ValueError):
-            record.unlink(missing_ok=True)
-            continue
-        if is_alive(data.get("pid", -1)):
-            continue
-        session_dir = data.get("session_dir") or ""
-        if session_dir:
-            for pid in session_pids(session_dir):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    ended.append(pid)
-                except ProcessLookupError:
-                    pass
-        record.unlink(missing_ok=True)
-    if ended:
-        log.warning("ended %d Ray process(es) left behind by a driver that was killed", len(ended))
-    return ended
+    record_path(os.getpid()).write_text(json.dumps({"pid": os.getpid(), "session_dir": connection.session_dir}))
 
 
 class _DropMessage(logging.Filter):

@@ -95,8 +95,7 @@ def current(on_stale: Callable[[str], None] | None = None) -> WarmCluster | None
     _remove(warm)
     if on_stale is not None:
         on_stale(f"the warm local cluster recorded at {warm.address} (`orchestrator up`) is gone; its record "
-                 "was removed, and this run starts an embedded cluster of its own (`orchestrator up` starts a "
-                 "new warm one)")
+                 "was removed, and this run goes without it (`orchestrator up` starts a new warm one)")
     return None
 
 

@@ -15,9 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ray
-import ray.train
-
+from orchestrator import handles
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
 from orchestrator.failures import RestartsExhausted, RunTakenOver, UserCodeFailed
 from orchestrator.observe.metrics import RunMetrics
@@ -52,6 +50,7 @@ CAPACITY_CHECK_INTERVAL_S = 1.0
 
 def _placement_pending(job: JobSpec) -> bool:
     """Whether Ray Train's placement group for this run's workers waits for resources."""
+    import ray
     bundle = worker_resources(job)
     for group in ray.util.placement_group_table().values():
         bundles = list(group.get("bundles", {}).values())
@@ -63,6 +62,8 @@ def _placement_pending(job: JobSpec) -> bool:
 
 def capacity_shortfall(job: JobSpec) -> str | None:
     """What the cluster lacks to place the run's workers now, in one sentence; None if it has it."""
+    import ray
+
     per_worker, workers = worker_resources(job), job.scaling.num_workers
     need = {k: v * workers for k, v in per_worker.items()}
     available = ray.available_resources()
@@ -81,8 +82,10 @@ def capacity_shortfall(job: JobSpec) -> str | None:
 
 
 class RunWatcher:
-    def __init__(self, monitor, job: JobSpec, say: Console, metrics: RunMetrics | None = None):
+    def __init__(self, monitor, job: JobSpec, say: Console, metrics: RunMetrics | None = None,
+                 on_ray: bool = True):
         self.monitor, self.job, self.say = monitor, job, say
+        self.on_ray = on_ray  # a local run waits for no placement: nothing to watch the capacity of
         self.metrics = metrics
         self._stop = threading.Event()
         self._seen = 0
@@ -122,7 +125,7 @@ class RunWatcher:
 
     def _drain(self) -> None:
         try:
-            events = ray.get(self.monitor.events_since.remote(self._seen), timeout=10)
+            events = handles.get(self.monitor.events_since.remote(self._seen), timeout=10)
         except Exception:  # noqa: BLE001 - progress is best effort; the run's outcome comes from fit()
             return
         self._seen += len(events)
@@ -137,7 +140,7 @@ class RunWatcher:
     def _show_output(self) -> None:
         """A script's rank-0 output, as torchrun shows it; taken from the monitor, never kept here."""
         try:
-            lines, dropped = ray.get(self.monitor.take_output.remote(), timeout=10)
+            lines, dropped = handles.get(self.monitor.take_output.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the output is also in the rank's log
             return
         if dropped:
@@ -160,7 +163,7 @@ class RunWatcher:
 
     def _watch_capacity(self) -> None:
         now = time.time()
-        if self._up or now - self._last_check < CAPACITY_CHECK_INTERVAL_S:
+        if not self.on_ray or self._up or now - self._last_check < CAPACITY_CHECK_INTERVAL_S:
             return
         self._last_check = now
         if not _placement_pending(self.job):
@@ -290,7 +293,7 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
     if job.script is not None:
         kept = ("The script's own checkpoints are untouched; fix the cause and run the same command again (a script "
                 "that resumes from its latest checkpoint goes on from there).")
-    root = error.controller_failure if isinstance(error, ray.train.ControllerError) else error
+    root = getattr(error, "controller_failure", None) or error  # ray.train.ControllerError's cause
     if isinstance(root, RunTakenOver):
         return taken_over_message(job.name, root.records[0]["error"] if root.records else root.message)
     if isinstance(root, UserCodeFailed):
@@ -313,7 +316,7 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
         return (f"run '{job.name}' gave up waiting for capacity after failure.capacity_timeout_s = "
                 f"{job.failure.capacity_timeout_s:g} s: {why}. Fix: add nodes, lower scaling.num_workers or "
                 f"scaling.resources_per_worker, or raise failure.capacity_timeout_s. {kept}")
-    if isinstance(error, ray.train.WorkerGroupError) and result.failures:
+    if type(error).__name__ == "WorkerGroupError" and result.failures:  # ray.train's
         last = result.failures[-1]
         ranks = "; ".join(_record_line(r) for r in last["ranks"])
         return (f"run '{job.name}' failed after {result.restarts} restart(s), the most failure.max_failures "

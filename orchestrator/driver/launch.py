@@ -1,8 +1,8 @@
-"""The driver: spec -> checkpoint choice -> Ray -> TorchTrainer -> progress -> summary.json.
+"""The driver: spec -> checkpoint choice -> Ray (or local mode) -> the agents -> progress -> summary.json.
 
 `run()` is the Python API and what the CLI calls. It only wires things together: the choice of
-checkpoint is `resume.py`'s, the Ray connection `cluster/connection.py`'s, what each node runs
-`agent/`'s and `rank/`'s.
+checkpoint is `resume.py`'s, the mode `local.py`'s, the Ray connection `cluster/connection.py`'s,
+what each node runs `agent/`'s and `rank/`'s. A local run imports none of Ray's training library.
 """
 
 from __future__ import annotations
@@ -10,41 +10,27 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import ray
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
-
 from orchestrator import storage
-from orchestrator.agent.worker import train_worker
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import LeaseLost, RunLease, refuse_if_held_here
-from orchestrator.cluster import connection as cluster
 from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.data.sources import check_data_input
-from orchestrator.driver import resume
-from orchestrator.driver.console import Console, RunWatcher, describe_failure, taken_over_message
+from orchestrator.driver import local, resume
+from orchestrator.driver.attempt import Attempt
+from orchestrator.driver.console import Console, taken_over_message
 from orchestrator.driver.failure_timeouts import recovery_settings
-from orchestrator.driver.signals import StopSignals
 from orchestrator.errors import RunStopped, TrainingFailed, UserError
-from orchestrator.monitor.actor import start_monitor
-from orchestrator.monitor.classifier import FailureClassifier
-from orchestrator.observe import history
-from orchestrator.observe.goodput import compute as compute_goodput
-from orchestrator.observe.metrics import RunMetrics
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
-from orchestrator.observe.result import TAKEN_OVER, RunResult, write_summary
+from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.run_dir import RunDir, write_storage_marker
 from orchestrator.spec import JobSpec, resolve_spec
 from orchestrator.worker_config import LeaseFence, ScriptContext, WorkerConfig
 
 PLACEMENT_STRATEGIES = {"spread": "SPREAD", "pack": "PACK"}
-# Seconds the driver waits for ended workers to be torn down after a stop's grace period.
-ABORT_WAIT_S = 15.0
 # Seconds a CLI run on its own embedded cluster still waits for trainer.fit() after rank 0
 # reported the end and every agent cleaned up: a failure reported right after it still counts.
 FINISHED_GRACE_S = 0.5
@@ -59,14 +45,15 @@ def _print(line: str) -> None:
 
 
 def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str | None = None,
-        overwrite: bool = False, console: Console | None = _print, _process_exits: bool = False,
-        **overrides: Any) -> RunResult:
+        mode: str = local.AUTO, overwrite: bool = False, console: Console | None = _print,
+        _process_exits: bool = False, **overrides: Any) -> RunResult:
     """Train the job described by `spec` and return a typed result.
 
     `spec` is a path to a YAML file, a mapping, or a JobSpec. `overrides` set fields by name; use
-    `__` for nested fields (scaling__num_workers=4) or pass a dict for a section.
+    `__` for nested fields (scaling__num_workers=4) or pass a dict for a section. `mode`: "auto"
+    (local mode for one node with no cluster named or up, else Ray), "local" or "ray" (local.py).
     `_process_exits` (the CLI's): the process ends with os._exit once this returns a finished
-    run, so the run need not wait for Ray's orderly teardown (see `_Attempt` and
+    run, so the run need not wait for Ray's orderly teardown (see attempt.py and
     `cluster.disconnect`).
     """
     say = console or (lambda line: None)
@@ -74,24 +61,35 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     # host is refused at once, before torch, Lightning or the user's code is imported.
     flat = _flatten_overrides(overrides)
     read = resolve_spec(spec, flat, read_only=True)
-    cluster.check_address(address)
+    if mode not in (local.AUTO, local.LOCAL, local.RAY):
+        raise UserError(f"mode {mode!r} is not one of 'auto', 'local', 'ray'.")
+    if mode != local.LOCAL and (address or os.environ.get("RAY_ADDRESS")):
+        from orchestrator.cluster.connection import check_address  # (it imports Ray: only for an address)
+
+        check_address(address)
     layout = RunDir.of(read.storage, read.name)
     refuse_if_held_here(layout)
     job = resolve_spec(spec, flat)
+    chosen = local.choose(job, address, mode)
+    if chosen.local:
+        local.check_fits_here(job)
+    say(chosen.line)
+    for note in chosen.notes:
+        say(f"note: {note}")
     check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
     storage.ensure_dir(layout.location)
     # One writer per run: a second driver is refused here, naming the one that holds the run. A
     # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
     def lease_lost(exc: LeaseLost) -> None:
-        # On the lease's heartbeat thread: _Attempt._fit ends the workers within its next poll.
+        # On the lease's heartbeat thread: Attempt._fit ends the workers within its next poll.
         say(f"run '{job.name}' was taken over by another driver: ending this driver's workers now")
 
     with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
-        return _run_holding(job, layout, run_lease, address, overwrite, say, _process_exits)
+        return _run_holding(job, layout, run_lease, address, chosen, overwrite, say, _process_exits)
 
 
-def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, overwrite: bool,
-                 say: Console, process_exits: bool) -> RunResult:
+def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, mode: local.Mode,
+                 overwrite: bool, say: Console, process_exits: bool) -> RunResult:
     run_dir = layout.location
     store = CheckpointStore(run_dir, fence=run_lease.check)
     choice = resume.choose(job, store, overwrite=overwrite)
@@ -113,6 +111,28 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
 
     started = time.time()
     worker_env = {**job.env, **QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
+    if mode.local:
+        with local.session(job, worker_env):
+            result, error, attempt = _watch(job, layout, choice, run_lease, local.start_monitor(job),
+                                            local.LocalTrainer, say, started, grace=None)
+    else:
+        result, error, attempt = _on_ray(job, layout, choice, run_lease, address, worker_env, say, started,
+                                         process_exits)
+
+    if result.status == "stopped":
+        stopped_by = attempt.signals.received or "SIGINT"
+        raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
+    if error is not None:
+        raise TrainingFailed(result.error)
+    say(result.describe())
+    return result
+
+
+def _on_ray(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease: RunLease, address: str | None,
+           worker_env: dict[str, str], say: Console, started: float, process_exits: bool):
+    """The run on a Ray cluster: an embedded one, the warm one, or the one at `address`."""
+    from orchestrator.cluster import connection as cluster
+
     with recovery_settings(job.failure, job.scaling) as controller_env:
         result: RunResult | None = None
         error: BaseException | None = None
@@ -125,174 +145,47 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
             say(f"using the warm local cluster at {connection.address} (`orchestrator up`; "
                 "`orchestrator down` stops it)")
         try:
+            from orchestrator.monitor.actor import start_monitor
+
             monitor = start_monitor(job.name, job.failure.hang_timeout_s, job.failure.phase_limits,
                                     max_restarts=job.failure.max_failures,
                                     straggler=(job.failure.straggler_ratio, job.failure.straggler_after_s))
-            worker_config = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
-                                   log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
-                                   storage_nonce=write_storage_marker(layout, socket.gethostname()),
-                                   script_context=_script_context() if job.kind == "script" else None,
-                                   niceness=os.nice(0))
-            trainer = _build_trainer(job, worker_config, None if connection.job_env_applied else worker_env)
-            where = metrics_endpoint()
-            if where:
-                say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
             # The CLI leaves as soon as the run is done on its own embedded cluster (ended by pid
             # right after): waiting for Ray Train's teardown would only delay the user.
             grace = (FINISHED_GRACE_S if connection.embedded else WARM_FINISHED_GRACE_S if connection.warm
                      else None) if process_exits else None
-            attempt = _Attempt(job, run_dir, choice, monitor, say, started, run_lease, finished_grace_s=grace)
-            result, error = attempt.fit(trainer)
-            if run_lease.lost is not None:  # the run is the newer driver's now, summary.json too
-                raise TrainingFailed(taken_over_message(job.name, str(run_lease.lost)))
-            # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
-            _save_summary(run_dir, result, say)
-            attempt.save_history(result)
+            result, error, attempt = _watch(
+                job, layout, choice, run_lease, monitor,
+                lambda config: _build_trainer(job, config, None if connection.job_env_applied else worker_env),
+                say, started, grace)
         finally:
             done = result is not None and error is None and result.status == "finished"
             cluster.disconnect(connection, process_exits=process_exits and done)
-
-    if result.status == "stopped":
-        stopped_by = attempt.signals.received or "SIGINT"
-        raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
-    if error is not None:
-        raise TrainingFailed(result.error)
-    say(result.describe())
-    return result
+    return result, error, attempt
 
 
-class _Attempt:
-    """One `trainer.fit()` watched from the driver: progress lines, stop signals, the result."""
-
-    def __init__(self, job: JobSpec, run_dir, choice: resume.ResumeChoice, monitor, say: Console, started: float,
-                 run_lease: RunLease, finished_grace_s: float | None = None):
-        self.job, self.run_dir, self.choice, self.monitor, self.say = job, run_dir, choice, monitor, say
-        self.started = started
-        # Its `lost` is set (and on_lost called) by the lease's heartbeat once another driver took the run over.
-        self.run_lease = run_lease
-        # Stop waiting for trainer.fit() this long after rank 0 reported the end (checkpoints
-        # committed): what is left is Ray Train's teardown, which the caller's exit makes moot.
-        self.finished_grace_s = finished_grace_s
-        self.watcher = RunWatcher(monitor, job, say, RunMetrics(job.name, started))
-        self.signals = StopSignals(on_stop=self._request_stop)
-
-    def fit(self, trainer: TorchTrainer) -> tuple[RunResult, BaseException | None]:
-        self.watcher.start()
-        try:
-            with self.signals.installed():
-                error = self._fit(trainer)
-        finally:
-            self.watcher.stop()
-        stopped_by = self.signals.stopped_by(error)
-        result = self.result(error, stopped_by)
-        if error is not None and not stopped_by:
-            result.error = describe_failure(self.job, error, self.run_dir, result, self.watcher)
-        return result, error
-
-    def _fit(self, trainer: TorchTrainer) -> BaseException | None:
-        """trainer.fit() on a thread of its own, so that this (main) thread keeps its signal handling.
-
-        A stop request gives the workers until the grace period's end to checkpoint and finish;
-        then they are ended (the run monitor tells them); a second signal stops waiting at once.
-        """
-        outcome: dict[str, BaseException | None] = {"error": None}
-
-        def fit() -> None:
-            try:
-                trainer.fit()
-            except BaseException as exc:  # noqa: BLE001 - reported by the caller, with the worker's own message
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=fit, name="trainer-fit", daemon=True)
-        thread.start()
-        aborting_since = None
-        summarized = stop_recorded = False
-        finished_since = None
-        while thread.is_alive():
-            thread.join(timeout=0.2)
-            if self.finished_grace_s is not None and not self.signals.received and thread.is_alive():
-                if finished_since is None and self._finished():
-                    finished_since = time.monotonic()
-                if finished_since is not None and time.monotonic() - finished_since > self.finished_grace_s:
-                    return None
-            if self.run_lease.lost is not None and aborting_since is None:
-                # Another driver holds the run now: end this one's workers at once, with no restart
-                # (their commits are fenced off already), rather than at their next checkpoint.
-                self.monitor.take_over.remote(str(self.run_lease.lost))
-                aborting_since = time.monotonic()
-            if self.signals.received and not summarized and self.run_lease.lost is None:
-                summarized = True
-                self._write_partial_summary()  # the sender may kill this process before the workers are done
-            if summarized and not stop_recorded and self._stop_committed():
-                # Rank 0 committed the stop checkpoint and ended: the summary is final now, before
-                # Ray Train's teardown (~1 s), which `ray job stop`'s SIGKILL may cut short.
-                stop_recorded = True
-                self._write_partial_summary()
-            left = self.signals.grace_left()
-            if left is not None and left <= 0 and aborting_since is None:
-                if not stop_recorded:  # (else the workers are done: only Ray Train's teardown is left)
-                    self.say("the stop's grace period ran out: ending the workers (the newest committed "
-                             "checkpoint is kept)")
-                self.monitor.abort.remote("the run was stopped and its grace period ran out")
-                aborting_since = time.monotonic()
-            if self.signals.immediate or (aborting_since and time.monotonic() - aborting_since > ABORT_WAIT_S):
-                return outcome["error"] or RuntimeError("stopped before the workers finished")
-        return outcome["error"]
-
-    def _finished(self) -> bool:
-        try:
-            return bool(ray.get(self.monitor.ended.remote(), timeout=5))
-        except Exception:  # noqa: BLE001 - then wait for fit() as usual
-            return False
-
-    def _stop_committed(self) -> bool:
-        """Whether rank 0 reported the end of a stopped run (its stop checkpoint committed)."""
-        try:
-            return ray.get(self.monitor.finished.remote(stopped=True), timeout=5)
-        except Exception:  # noqa: BLE001 - then the summary is written when fit() returns
-            return False
-
-    def _request_stop(self, deadline_monotonic: float) -> None:
-        grace = max(0.0, deadline_monotonic - time.monotonic())
-        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.1f} s; "
-                 "signal again to stop at once)")
-        self.monitor.request_stop.remote(time.time() + grace)
-
-    def result(self, error: BaseException | None, stopped_by: str | None) -> RunResult:
-        ended = time.time()
-        events = ray.get(self.monitor.events_since.remote(0), timeout=30)
-        last_steps = ray.get(self.monitor.last_steps.remote(), timeout=30)
-        stragglers = ray.get(self.monitor.stragglers.remote(), timeout=30)
-        goodput = compute_goodput(events, started=self.started, ended=ended,
-                                  capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps,
-                                  straggler_wait_s=stragglers["wait_s"])
-        return RunResult.from_events(self.job, self.run_dir, events, self.choice, wall_seconds=ended - self.started,
-                                     error=error, stopped_by=stopped_by, goodput=goodput, slowest=stragglers["slowest"])
-
-    def _write_partial_summary(self) -> None:
-        """At a stop signal: summary.json and the history as things stand, in case the driver is
-        killed before the end."""
-        try:
-            result = self.result(None, self.signals.received)
-            write_summary(self.run_dir, result)
-            self.save_history(result)
-        except Exception:  # noqa: BLE001 - the final summary is written again at the end
-            pass
-
-    def save_history(self, result: RunResult) -> None:
-        """This driver's part of the run for `orchestrator report` (observe/history.py); a storage
-        that cannot take it costs the report its part, never the run."""
-        if result.status == TAKEN_OVER:
-            return  # the run directory is the newer driver's
-        try:
-            events = ray.get(self.monitor.events_since.remote(0), timeout=30)
-            series = ray.get(self.monitor.step_series.remote(), timeout=30)
-            history.write(self.run_dir, history.record(
-                started=self.started, ended=time.time(), host=socket.gethostname(), pid=os.getpid(),
-                status=result.status, error=result.error, goodput=result.goodput, events=events, step_series=series))
-        except Exception as exc:  # noqa: BLE001 - see above
-            self.say(f"warning: the run's history file could not be written ({exc}): `orchestrator report` "
-                     "will miss this driver's part")
+def _watch(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease: RunLease, monitor, trainer_for,
+           say: Console, started: float, grace: float | None):
+    """The workers' configuration, their trainer (`trainer_for(config)`: Ray Train's, or a local
+    run's agent) watched to its end, and summary.json and the history written."""
+    run_dir = layout.location
+    worker_config = WorkerConfig(spec=job, run_uri=run_dir.uri, resume_uri=choice.uri, monitor=monitor,
+                                 log_dir=layout.logs, fence=LeaseFence(run_lease.generation, run_lease.nonce),
+                                 storage_nonce=write_storage_marker(layout, socket.gethostname()),
+                                 script_context=_script_context() if job.kind == "script" else None,
+                                 niceness=os.nice(0))
+    trainer = trainer_for(worker_config)
+    where = metrics_endpoint()
+    if where:
+        say(f"metrics: {where} (Prometheus; ray_orchestrator_*, labelled run=\"{job.name}\")")
+    attempt = Attempt(job, run_dir, choice, monitor, say, started, run_lease, finished_grace_s=grace)
+    result, error = attempt.fit(trainer)
+    if run_lease.lost is not None:  # the run is the newer driver's now, summary.json too
+        raise TrainingFailed(taken_over_message(job.name, str(run_lease.lost)))
+    # Before shutting Ray down: a stopped driver may have only seconds left (ray job stop: 3 s).
+    _save_summary(run_dir, result, say)
+    attempt.save_history(result)
+    return result, error, attempt
 
 
 def _save_summary(run_dir, result: RunResult, say: Console) -> None:
@@ -304,7 +197,13 @@ def _save_summary(run_dir, result: RunResult, say: Console) -> None:
             "the only record of it")
 
 
-def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[str, str] | None) -> TorchTrainer:
+def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[str, str] | None):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from orchestrator.agent.worker import train_worker
+    from orchestrator.monitor.classifier import FailureClassifier
+
     scaling = job.scaling
     elastic = scaling.elastic
     resources = dict(scaling.resources_per_worker)
@@ -344,6 +243,8 @@ def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[s
 
 def _check_script_fits(job: JobSpec, address: str | None) -> None:
     """A local cluster never grows: N nodes x K ranks it cannot hold is bad input, said before anything starts."""
+    import ray
+
     from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
 
     per_worker = worker_resources(job)

@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 import time
 
-from ray.util.metrics import Counter, Gauge
-
 from orchestrator.failures import HANG, INFRASTRUCTURE
 from orchestrator.observe.goodput import compute as compute_goodput
 from orchestrator.protocol import CheckpointCommitted, Event, Failure, Finished, Progress, RankStarted, RestartInPlace
@@ -51,6 +49,45 @@ WORKER_STEP_TIME = ("worker_step_time_seconds", "Seconds per optimizer step on o
 WORKER_STEP_WORK = ("worker_step_work_seconds", "Median seconds of one rank's own work in a step (the batch, the "
                     "forward, the loss): its peers wait for the slowest in the next collective.")
 
+# A local run's endpoint (observe/local_metrics.py) while one runs in this process; else Ray's metrics.
+_local = None
+
+
+def serve_locally():
+    """From now on, this process's metrics go to an endpoint of its own (a local run: no Ray node
+    exports them); the endpoint, whose `url` is scraped and whose `close()` ends it."""
+    global _local
+    from orchestrator.observe.local_metrics import Endpoint
+
+    _local = Endpoint()
+    return _local
+
+
+def stop_serving_locally() -> None:
+    global _local
+    if _local is not None:
+        _local.close()
+        _local = None
+
+
+def _gauge(name: str, description: str, tag_keys: tuple[str, ...]):
+    """Ray's Gauge, or its stand-in on a local run's endpoint."""
+    if _local is not None:
+        return _local.gauge(name, description, tag_keys)
+    from ray.util.metrics import Gauge as RayGauge
+
+    return RayGauge(name, description=description, tag_keys=tag_keys)
+
+
+def _counter(name: str, description: str, tag_keys: tuple[str, ...]):
+    """Ray's Counter, or its stand-in on a local run's endpoint."""
+    if _local is not None:
+        return _local.counter(name, description, tag_keys)
+    from ray.util.metrics import Counter as RayCounter
+
+    return RayCounter(name, description=description, tag_keys=tag_keys)
+
+
 # Seconds between recomputations of the live goodput (Ray exports about every 10 s anyway).
 GOODPUT_EVERY_S = 5.0
 # What a worker group's start is counted as when no failure preceded it (an elastic resize).
@@ -63,11 +100,11 @@ class RunMetrics:
     def __init__(self, run: str, started: float):
         self.run, self.started = run, started
         self._tags = {"run": run}
-        self._gauges = {name: Gauge(PREFIX + name, description=text, tag_keys=("run",))
+        self._gauges = {name: _gauge(PREFIX + name, description=text, tag_keys=("run",))
                         for name, text in RUN_GAUGES.items()}
-        self._user = Gauge(PREFIX + USER_METRIC[0], description=USER_METRIC[1], tag_keys=("run", "name"))
-        self._restarts = Counter(PREFIX + RESTARTS[0], description=RESTARTS[1], tag_keys=("run", "cause"))
-        self._checkpoints = Counter(PREFIX + CHECKPOINTS[0], description=CHECKPOINTS[1], tag_keys=("run",))
+        self._user = _gauge(PREFIX + USER_METRIC[0], description=USER_METRIC[1], tag_keys=("run", "name"))
+        self._restarts = _counter(PREFIX + RESTARTS[0], description=RESTARTS[1], tag_keys=("run", "cause"))
+        self._checkpoints = _counter(PREFIX + CHECKPOINTS[0], description=CHECKPOINTS[1], tag_keys=("run",))
         self.values: dict[str, float] = {}
         self.user: dict[str, float] = {}
         self.restarts: dict[str, int] = {}
@@ -152,8 +189,8 @@ class RankMetrics:
     """Each rank's step time and own work a step, from its heartbeats (at most every `interval_s`)."""
 
     def __init__(self, run: str, interval_s: float):
-        self._time = Gauge(PREFIX + WORKER_STEP_TIME[0], description=WORKER_STEP_TIME[1], tag_keys=("run", "rank"))
-        self._work = Gauge(PREFIX + WORKER_STEP_WORK[0], description=WORKER_STEP_WORK[1], tag_keys=("run", "rank"))
+        self._time = _gauge(PREFIX + WORKER_STEP_TIME[0], description=WORKER_STEP_TIME[1], tag_keys=("run", "rank"))
+        self._work = _gauge(PREFIX + WORKER_STEP_WORK[0], description=WORKER_STEP_WORK[1], tag_keys=("run", "rank"))
         self._run, self._interval_s = run, interval_s
         self._since: dict[int, tuple[int, float]] = {}
 
@@ -178,6 +215,8 @@ class RankMetrics:
 
 def endpoint() -> str | None:
     """This node's Prometheus endpoint, where the run's metrics are scraped (None if unknown)."""
+    if _local is not None:
+        return _local.url
     import ray
 
     here = ray.get_runtime_context().get_node_id()

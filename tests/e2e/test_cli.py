@@ -71,8 +71,9 @@ def _session_of_driver(state_dir, timeout: float) -> str:
 @pytest.mark.timeout(300)
 def test_a_cli_run_prints_progress_and_a_summary_and_leaves_no_ray_process(tmp_path):
     state_dir = tmp_path / "state"
+    # --ray: this is the embedded cluster's test (a run of one node goes in local mode by default).
     driver = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--storage", str(tmp_path),
+        [sys.executable, "-m", "orchestrator", "run", "jobs/digits_torch.yaml", "--ray", "--storage", str(tmp_path),
          "--set", "torch.max_epochs=2", "--set", "checkpoint.every_n_seconds=1"],
         cwd=REPO, env={**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -120,7 +121,8 @@ def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_once_dead_i
     # killed there however long the refusal below takes on a loaded machine.
     job.write_text(yaml.safe_dump(torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop", sleep_s=0.2,
                                              marker=str(marker), mark_at=DRIVER_KILL_STEP, hold_s=30)))
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job)],
+    # --ray: the embedded cluster a killed driver leaves is what the next one must clean up.
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--ray"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:

@@ -36,6 +36,12 @@ def _summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def _worker_logs(run_dir) -> str:
+    """The end of each rank's log and of the driver's, to say why a check failed."""
+    return "\n".join(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}"
+                     for path in sorted((run_dir / "logs").glob("*.log")))
+
+
 @pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(500)
 def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_with_the_clean_weights(
@@ -66,7 +72,8 @@ def test_a_frozen_worker_then_a_deadlocked_one_are_each_caught_and_the_run_ends_
     # having entered the all-reduce its peer waits in, and each rank's dump is beside its log.
     first_record, deadlock_record = events["hang_collectives"]
     assert first_record["ranks"] == [] and "rank(s) 1 gave no flight record" in first_record["message"]
-    assert deadlock_record["ranks"] == [0] and "rank 0 never entered collective #" in deadlock_record["message"]
+    assert deadlock_record["ranks"] == [0] and "rank 0 never entered collective #" in deadlock_record["message"], (
+        deadlock_record, _worker_logs(tmp_path / "hangs"))
     assert all((tmp_path / "hangs" / "logs" / f"rank-{rank}.flight-recorder.json").exists() for rank in (0, 1))
     assert result.goodput["lost_s"]["restarts"] <= 2 * (HANG_TIMEOUT_S + RECOVERY_SLACK_S)
     assert result.global_step == clean_torch.global_step
@@ -170,7 +177,8 @@ def test_a_run_the_cluster_can_never_hold_says_what_is_missing_and_gives_up_afte
     spec["failure"]["capacity_timeout_s"] = 10  # the spec's minimum: the whole wait is the test's time
     path = tmp_path / "too-big.yaml"
     path.write_text(yaml.safe_dump(spec))
-    done = run_cli("run", str(path))
+    # --ray: Ray's wait for capacity (local mode refuses such a run at once: test_local_mode.py).
+    done = run_cli("run", str(path), "--ray")
 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "waiting for capacity" in done.stdout

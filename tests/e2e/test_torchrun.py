@@ -14,27 +14,15 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, free_port, run_cli, scratch_in, wait_for
+from conftest import REPO, run_cli, scratch_in, wait_for
 from node_faults import kill_node
+from seed_runs import BUG_LINE, EPOCHS, SEED
+from seed_runs import events as _events
+from seed_runs import final as _final
 
 from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.slow
-
-SEED = os.path.join("tests", "helpers", "torchrun_seed.py")
-EPOCHS = "4"
-BUG_LINE = next(i for i, line in enumerate(open(os.path.join(REPO, SEED)), 1) if "the bug: tests look" in line)
-
-
-def _events(work: str) -> list[dict]:
-    with open(os.path.join(work, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def _final(work: str) -> dict:
-    with open(os.path.join(work, "final.json")) as f:
-        return json.load(f)
-
 
 def _summary(storage, name: str) -> dict:
     with open(os.path.join(storage, name, "summary.json")) as f:
@@ -59,20 +47,6 @@ def _strike_when(argv: list[str], work, seen_event, act, timeout: float,
             process.kill()
             process.wait()
     return process.returncode, output
-
-
-@pytest.fixture(scope="module")
-def plain_torchrun(tmp_path_factory):
-    """The clean run's weights under plain torchrun (c10d rendezvous on loopback), 2 ranks, 4 epochs."""
-    work = str(tmp_path_factory.mktemp("plain") / "work")
-    done = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nnodes", "1", "--nproc_per_node", "2",
-         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", SEED, "--work_dir", work,
-         "--epochs", EPOCHS], cwd=REPO, capture_output=True, text=True, timeout=300)
-    # final.json is written once training is over. (torch 2.13's gloo at times aborts a rank in its
-    # teardown after that, under torchrun's c10d rendezvous: torchrun then exits 1.)
-    assert os.path.exists(os.path.join(work, "final.json")), done.stdout[-2000:] + done.stderr[-3000:]
-    return _final(work)
 
 
 @pytest.mark.usefixtures("warm_cluster")
@@ -147,12 +121,15 @@ def test_a_bug_in_a_module_run_with_m_fails_on_its_first_attempt_naming_the_line
 
 
 @pytest.mark.timeout(120)
-def test_more_ranks_than_the_local_cluster_can_ever_hold_is_bad_input(tmp_path):
-    done = run_cli("torchrun", "--nproc_per_node", "64", "--storage", str(tmp_path), SEED, "--work_dir", "w",
-                   timeout=100)
+@pytest.mark.parametrize(("mode", "said"), [
+    (None, "1 node(s) x 64 rank(s) cannot run on this machine in local mode"),
+    ("--ray", "1 node(s) x 64 rank(s) cannot run on the local cluster")])
+def test_more_ranks_than_the_local_cluster_can_ever_hold_is_bad_input(tmp_path, mode, said):
+    done = run_cli("torchrun", "--nproc_per_node", "64", "--storage", str(tmp_path), *([mode] if mode else []), SEED,
+                   "--work_dir", "w", timeout=100)
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "1 node(s) x 64 rank(s) cannot run on the local cluster" in errors[0], done.stderr
+    assert len(errors) == 1 and said in errors[0], done.stderr
     assert "{CPU: 64}" in errors[0] and "Fix:" in errors[0] and "Traceback" not in done.stderr
 
 

@@ -109,12 +109,12 @@ def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return process.returncode, out
 
 
-def run_together(prefix, specs: list[str], envs: list[dict[str, str]],
-                 timeout: float = 400) -> tuple[list[tuple[int, str]], float]:
-    """Start one `orchestrator run` per spec at once, each in its environment of `envs`; their
-    exit codes and output, and the wall time."""
+def run_together(prefix, specs: list[str], envs: list[dict[str, str]], timeout: float = 400,
+                 args: tuple[str, ...] = ()) -> tuple[list[tuple[int, str]], float]:
+    """Start one `orchestrator run` per spec at once (with `args`), each in its environment of
+    `envs`; their exit codes and output, and the wall time."""
     start = time.monotonic()
-    running = [cli(prefix, "run", spec, env=env) for spec, env in zip(specs, envs, strict=True)]
+    running = [cli(prefix, "run", spec, *args, env=env) for spec, env in zip(specs, envs, strict=True)]
     outcomes = [finish(p, timeout) for p in running]
     return outcomes, time.monotonic() - start
 
@@ -239,7 +239,9 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
     # A short capacity wait: a run that joined the other cluster (no CPUs) would fail in 20 s.
     specs = [tiny_spec(tmp_path, name, failure={"capacity_timeout_s": 20}) for name in names]
     with plain_head(routable_host, env):
-        outcomes, wall = run_together(routable_host, specs, [{**env, "ORCHESTRATOR_STATE_DIR": str(stale_state)}, env])
+        # --ray: each on an embedded cluster of its own (a run of one node goes in local mode by default).
+        outcomes, wall = run_together(routable_host, specs, [{**env, "ORCHESTRATOR_STATE_DIR": str(stale_state)}, env],
+                                      args=("--ray",))
     print(f"two runs at once on embedded clusters: {wall:.1f} s")
     assert_each_finished_with_its_own_summary(tmp_path, outcomes, names)
     assert not any("using the warm local cluster" in out for _, out in outcomes)

@@ -27,11 +27,13 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
 
 
-def _command(spec: dict[str, Any], address: str | None, spec_dir: str) -> list[str]:
+def _command(spec: dict[str, Any], address: str | None, spec_dir: str, mode: str | None = None) -> list[str]:
+    """`orchestrator run` of `spec` (written to `spec_dir`); with `mode`, --local or --ray."""
     path = os.path.join(spec_dir, f"{spec['name']}.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(spec, f)
-    return [sys.executable, "-m", "orchestrator", "run", path, *(["--address", address] if address else [])]
+    return [sys.executable, "-m", "orchestrator", "run", path, *(["--address", address] if address else []),
+            *([f"--{mode}"] if mode else [])]
 
 
 def _result(spec: dict[str, Any], code: int, output: str) -> RunResult:
@@ -45,10 +47,10 @@ def _result(spec: dict[str, Any], code: int, output: str) -> RunResult:
     return result
 
 
-def run_command(spec: dict[str, Any], spec_dir: str, *, address: str | None = None,
+def run_command(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, mode: str | None = None,
                 timeout: float = 400) -> subprocess.CompletedProcess:
     """`orchestrator run` of `spec`, to its end: its exit code and output, whatever they are."""
-    return subprocess.run(_command(spec, address, spec_dir), capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(_command(spec, address, spec_dir, mode), capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env=_env())
 
 
@@ -59,11 +61,11 @@ def failure_of(done: subprocess.CompletedProcess) -> str:
     return done.stderr[done.stderr.index("error: ") + len("error: "):].strip()
 
 
-def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, timeout: float = 400,
-             lines: list[str] | None = None) -> RunResult:
+def run_spec(spec: dict[str, Any], spec_dir: str, *, address: str | None = None, mode: str | None = None,
+             timeout: float = 400, lines: list[str] | None = None) -> RunResult:
     """Run `spec` to its end with the command line; its RunResult (an AssertionError if it failed).
     `lines`, if given, gets what the command printed, a line each."""
-    done = run_command(spec, spec_dir, address=address, timeout=timeout)
+    done = run_command(spec, spec_dir, address=address, mode=mode, timeout=timeout)
     output = done.stdout + done.stderr
     if lines is not None:
         lines.extend(output.splitlines())
@@ -76,10 +78,11 @@ class BackgroundRun:
     # Every one started, for end_all: a test that failed half-way leaves no run going on a shared cluster.
     _started: ClassVar[list[BackgroundRun]] = []
 
-    def __init__(self, spec: dict[str, Any], spec_dir: str, *, address: str | None = None, console=None):
+    def __init__(self, spec: dict[str, Any], spec_dir: str, *, address: str | None = None, mode: str | None = None,
+                 console=None):
         self.spec = spec
         self._lines: list[str] = []
-        self._process = subprocess.Popen(_command(spec, address, spec_dir), stdout=subprocess.PIPE,
+        self._process = subprocess.Popen(_command(spec, address, spec_dir, mode), stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, cwd=REPO, env=_env())
         BackgroundRun._started.append(self)
         self._reader = threading.Thread(target=self._read, args=(console,), daemon=True)

@@ -1,0 +1,32 @@
+"""Plain Lightning, the baseline of bench/local_start.py: the quickstart's model and data
+(jobs/digits.py) under `torchrun --nproc_per_node 2`, Trainer(devices=2, strategy="ddp"), the
+quickstart's 8 epochs. Rank 0 writes time.time() to $FIRST_STEP_FILE after its first step
+(TimedClassifier, which the orchestrator's side trains too)."""
+
+import os
+import sys
+import time
+
+import lightning.pytorch as pl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs.digits import DigitsClassifier, DigitsData
+
+
+class TimedClassifier(DigitsClassifier):
+    """The quickstart's model; rank 0 notes the time of its first optimizer step (both sides run it)."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.global_step == 1 and self.global_rank == 0 and os.environ.get("FIRST_STEP_FILE"):
+            with open(os.environ["FIRST_STEP_FILE"], "w") as f:
+                f.write(str(time.time()))
+
+
+if __name__ == "__main__":
+    pl.seed_everything(0)
+    trainer = pl.Trainer(max_epochs=8, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(TimedClassifier(hidden=128, lr=0.002), DigitsData(batch_size=32))
+    if trainer.global_rank == 0 and os.environ.get("FIRST_STEP_FILE"):
+        with open(os.environ["FIRST_STEP_FILE"] + ".end", "w") as f:
+            f.write(str(time.time()))
