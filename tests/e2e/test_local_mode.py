@@ -60,6 +60,22 @@ def _assert_restarted_in_place(result, starts_file) -> None:
     assert len(parents) == 1, f"every start had the same parent, the agent: {starts}"
 
 
+def _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, temp: str, clean) -> None:
+    """`spec` (faults of `_faults`, its starts recorded in `starts`) run in local mode, its workers'
+    temp files in `temp`: restarted in place twice, said so on its first line, ended with the Ray
+    path's clean weights, and nothing of it left."""
+    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
+    spec["env"] = {"TMPDIR": temp}
+    lines: list[str] = []
+    result = run_spec(spec, str(tmp_path), mode="local", lines=lines)
+    assert lines[0].startswith("local mode:"), lines[:3]
+    _assert_restarted_in_place(result, starts)
+    assert result.global_step == clean.global_step
+    assert result.weights_sha256 == clean.weights_sha256
+    with open(starts) as f:
+        _nothing_left(temp, {json.loads(line)["pid"] for line in f})
+
+
 def _nothing_left(temp: str, pids) -> None:
     assert not scratch_in(temp), os.listdir(temp)
     alive = [pid for pid in pids if is_alive(pid)]
@@ -142,16 +158,7 @@ def test_a_ctx_loop_in_local_mode_survives_a_sigkill_and_a_sigstop_in_place_bit_
     starts = tmp_path / "starts.jsonl"
     spec = torch_spec("faults", tmp_path, "faulty:torch_loop_three_faults", faults=_faults(tmp_path, 8, 30),
                       starts=str(starts))
-    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
-    spec["env"] = {"TMPDIR": run_temp_dir}
-    lines: list[str] = []
-    result = run_spec(spec, str(tmp_path), mode="local", lines=lines)
-    assert lines[0].startswith("local mode:"), lines[:3]
-    _assert_restarted_in_place(result, starts)
-    assert result.global_step == clean_torch.global_step
-    assert result.weights_sha256 == clean_torch.weights_sha256
-    with open(starts) as f:
-        _nothing_left(run_temp_dir, {json.loads(line)["pid"] for line in f})
+    _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, run_temp_dir, clean_torch)
 
 
 @pytest.mark.timeout(300)
@@ -221,14 +228,7 @@ def test_a_lightning_module_in_local_mode_survives_a_sigkill_and_a_sigstop_in_pl
     starts = tmp_path / "starts.jsonl"
     spec = lightning_spec("faults", tmp_path, "faulty.ThreeFaultsClassifier", faults=_faults(tmp_path, 8, 30),
                           starts=str(starts))
-    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
-    spec["env"] = {"TMPDIR": run_temp_dir}
-    result = run_spec(spec, str(tmp_path), mode="local")
-    _assert_restarted_in_place(result, starts)
-    assert result.global_step == clean_lightning.global_step
-    assert result.weights_sha256 == clean_lightning.weights_sha256
-    with open(starts) as f:
-        _nothing_left(run_temp_dir, {json.loads(line)["pid"] for line in f})
+    _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, run_temp_dir, clean_lightning)
 
 
 @pytest.mark.timeout(300)
