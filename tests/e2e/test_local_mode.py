@@ -177,32 +177,43 @@ def test_a_ctx_loop_stopped_by_sigterm_in_local_mode_commits_a_stop_checkpoint_r
         tmp_path, clean_torch):
     marker = tmp_path / "at-step-12"
     spec = torch_spec("stop", tmp_path, loop="faulty:slow_loop", sleep_s=0.1, mark_at=12, marker=str(marker))
+
+    def while_it_trains(process):
+        second = run_cli("run", str(tmp_path / "stop.yaml"), "--local", env={"PYTHONPATH": HELPERS}, timeout=60)
+        # The local run serves its metrics itself, with Ray's names and the run's label.
+        endpoint = next(line.split()[1] for line in _lines_so_far(process) if line.startswith("metrics: "))
+        return second, urllib.request.urlopen(endpoint, timeout=10).read().decode()
+
+    process, _, (second, scraped), stop_uri = _stopped_by_sigterm(tmp_path, spec, marker, while_it_trains)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stdout + second.stderr
+    assert "is held by a live driver" in second.stderr and f"pid {process.pid}" in second.stderr, second.stderr
+    assert 'ray_orchestrator_global_step{run="stop"}' in scraped, scraped[:2000]
+
+    spec["torch"]["train_loop"] = "jobs.digits_torch:train_loop"  # the same training, without the sleeps
+    resumed = run_spec(spec, str(tmp_path), mode="local")
+    assert resumed.status == "finished" and resumed.resumed_from["uri"] == stop_uri, resumed.resumed_from
+    assert resumed.weights_sha256 == clean_torch.weights_sha256
+
+
+def _stopped_by_sigterm(tmp_path, spec, marker, while_it_trains=lambda process: None):
+    """`spec` run in local mode (as stop.yaml) until `marker` appears; `while_it_trains(process)`
+    then, and SIGTERM. The command must exit 143 with the stop checkpoint its newest: the process,
+    its output, what `while_it_trains` returned, and that checkpoint's URI."""
     (tmp_path / "stop.yaml").write_text(json.dumps(spec))
     process = _popen("run", str(tmp_path / "stop.yaml"), "--local", env={})
     try:
         wait_for(marker.exists, timeout=240, interval=0.2)
-        second = run_cli("run", str(tmp_path / "stop.yaml"), "--local", env={"PYTHONPATH": HELPERS}, timeout=60)
-        # The local run serves its metrics itself, with Ray's names and the run's label.
-        endpoint = next(line.split()[1] for line in _lines_so_far(process) if line.startswith("metrics: "))
-        scraped = urllib.request.urlopen(endpoint, timeout=10).read().decode()
+        seen = while_it_trains(process)
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stdout + second.stderr
-    assert "is held by a live driver" in second.stderr and f"pid {process.pid}" in second.stderr, second.stderr
-    assert 'ray_orchestrator_global_step{run="stop"}' in scraped, scraped[:2000]
     assert process.returncode == 143, output[-3000:]
-    store = CheckpointStore(storage.resolve(str(tmp_path / "stop")))
+    store = CheckpointStore(storage.resolve(str(tmp_path / spec["name"])))
     assert store.committed()[-1].manifest.reason == "stop", [(i.step, i.manifest.reason) for i in store.committed()]
-    stop_uri = store.committed()[-1].uri
-
-    spec["torch"]["train_loop"] = "jobs.digits_torch:train_loop"  # the same training, without the sleeps
-    resumed = run_spec(spec, str(tmp_path), mode="local")
-    assert resumed.status == "finished" and resumed.resumed_from["uri"] == stop_uri, resumed.resumed_from
-    assert resumed.weights_sha256 == clean_torch.weights_sha256
+    return process, output, seen, store.committed()[-1].uri
 
 
 _OUTPUT: dict[int, list[str]] = {}
@@ -243,20 +254,8 @@ def test_a_bug_in_a_lightning_module_in_local_mode_fails_once_naming_its_line(tm
 def test_a_lightning_module_stopped_by_sigterm_in_local_mode_commits_a_stop_checkpoint(tmp_path):
     marker = tmp_path / "at-step-12"
     spec = lightning_spec("stop", tmp_path, "faulty.SlowClassifier", sleep_s=0.1, mark_at=12, marker=str(marker))
-    (tmp_path / "stop.yaml").write_text(json.dumps(spec))
-    process = _popen("run", str(tmp_path / "stop.yaml"), "--local", env={})
-    try:
-        wait_for(marker.exists, timeout=240, interval=0.2)
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 143, output[-3000:]
+    _, output, _, _ = _stopped_by_sigterm(tmp_path, spec, marker)
     assert "stopped by SIGTERM after step" in output, output[-3000:]
-    store = CheckpointStore(storage.resolve(str(tmp_path / "stop")))
-    assert store.committed()[-1].manifest.reason == "stop", [(i.step, i.manifest.reason) for i in store.committed()]
 
 
 # --- what local mode refuses ---------------------------------------------------------------------
