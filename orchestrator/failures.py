@@ -336,24 +336,9 @@ class RunTakenOver(_EndedOnController):
     """A newer driver took the run over (LeaseLost): this one stops, and retrying is not its to do."""
 
 
-DIED = "the worker process died or became unreachable"
-
-
-def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:
-    """Classify an error that reached Ray Train's controller for one rank."""
-    if isinstance(exc, WorkerFailure):
-        return exc.record
-    name = type(exc).__name__
-    if name == "WorkerHealthCheckTimeoutError":
-        return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
-    if name == "WorkerHealthCheckFailedError":
-        cause = getattr(exc, "health_check_failure", None)
-        what = DIED
-        import ray
-
-        if isinstance(cause, ray.exceptions.RayActorError):
-            what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
-        return FailureRecord(rank, INFRASTRUCTURE, what)
+def record_of(rank: int, exc: BaseException) -> FailureRecord:
+    """The record of an error one rank raised, as it reached the controller: its classification,
+    its line, and which fault an infrastructure error is."""
     kind, link = _verdict(exc)
     return FailureRecord(rank, kind, error_line(exc), fault=_fault(link) if kind == INFRASTRUCTURE else "")
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import ray
 import ray.train
+from ray.exceptions import ActorDiedError
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.failures import (
     GPU,
+    HANG,
     INFRASTRUCTURE,
     MEMORY,
     STOPPED,
@@ -26,15 +28,18 @@ from orchestrator.failures import (
     RunStoppedOnController,
     RunTakenOver,
     UserCodeFailed,
-    describe_ray_error,
+    WorkerFailure,
     drain_advice,
     mark_repeats,
     memory_advice,
     overall,
+    record_of,
 )
 from orchestrator.protocol import Failure
 
 log = logging.getLogger(__name__)
+
+DIED = "the worker process died or became unreachable"
 
 # The monitor's view when it cannot be asked: the classification still stands without it.
 NO_VIEW: dict[str, Any] = {"stopping": False, "places": {}}
@@ -57,6 +62,35 @@ class Classified:
         """The monitor's `failure` event."""
         return Failure(classification=self.kind, ranks=[asdict(r) for r in self.records], hang=self.hang,
                        exhausted=self.exhausted)
+
+
+def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:
+    """Classify an error that reached Ray Train's controller for one rank."""
+    if isinstance(exc, WorkerFailure):
+        return exc.record
+    # Ray Train's health-check errors, known by name: their module is private (ray_private.py).
+    name = type(exc).__name__
+    if name == "WorkerHealthCheckTimeoutError":
+        return FailureRecord(rank, HANG, f"the worker stopped answering for more than {hang_timeout_s:g} s")
+    if name == "WorkerHealthCheckFailedError":
+        cause = getattr(exc, "health_check_failure", None)
+        what = DIED
+        if isinstance(cause, ray.exceptions.RayActorError):
+            what += f" ({type(cause).__name__}: its node was lost, it was killed, e.g. out of memory, or it froze)"
+            reason = _ray_reason(cause)
+            if reason:
+                what += f"; Ray says: {reason}"
+        return FailureRecord(rank, INFRASTRUCTURE, what)
+    return record_of(rank, exc)
+
+
+def _ray_reason(error: ray.exceptions.RayActorError, limit: int = 300) -> str:
+    """Ray's own account of an actor's death (its worker's exit type and detail: out of memory,
+    a node gone, killed by a signal), without the boilerplate and the ids around it."""
+    lines = [line.strip() for line in (error.error_msg or "").splitlines()
+             if line.strip() and not line.startswith("\t") and ActorDiedError.BASE_ERROR_MSG not in line]
+    reason = " ".join(lines)
+    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
 
 
 def classify_failure(worker_exceptions: dict[int, BaseException], view: dict[str, Any],

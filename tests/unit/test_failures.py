@@ -37,10 +37,9 @@ from orchestrator.failures import (
     UserCodeFailed,
     WorkerFailure,
     classify,
-    describe_ray_error,
 )
 from orchestrator.monitor.actor import RunMonitor
-from orchestrator.monitor.classifier import classify_failure
+from orchestrator.monitor.classifier import classify_failure, describe_ray_error
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.protocol import Failure, RankStarted
 from orchestrator.run_dir import RunDir

@@ -17,9 +17,9 @@ from orchestrator.failures import (
     TransientStartError,
     WorkerFailure,
     classify,
-    describe_ray_error,
     raised_at,
 )
+from orchestrator.monitor.classifier import describe_ray_error
 from orchestrator.monitor.watchdog import HangWatchdog
 from orchestrator.observe import goodput
 from orchestrator.protocol import Beat, Failure, Finished, Progress, RankStarted

@@ -17,7 +17,6 @@ from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from orchestrator.errors import LeaseLost
 from orchestrator.failures import (
-    DIED,
     GPU,
     INFRASTRUCTURE,
     STOPPED,
@@ -30,7 +29,7 @@ from orchestrator.failures import (
     WorkerFailure,
 )
 from orchestrator.monitor.actor import RunMonitor
-from orchestrator.monitor.classifier import FailureClassifier, classify_failure
+from orchestrator.monitor.classifier import DIED, FailureClassifier, classify_failure, describe_ray_error
 from orchestrator.protocol import RankStarted
 
 HANG_TIMEOUT_S = 30.0
@@ -192,3 +191,22 @@ def test_the_callback_classifies_and_ends_the_run_even_when_the_monitor_cannot_b
             callback.after_exception(None, {0: _worker(_bug, 0)})
     assert "could not record the failure with the run monitor" in caplog.text
     assert callback.after_exception(None, {1: OSError(errno.ECONNRESET, "Connection reset by peer")}) is None
+
+
+def test_a_dead_workers_record_carries_rays_own_reason_for_the_death():
+    """Ray knows why a worker's process died (its exit type and detail): the record says it, so
+    that "killed for memory" is not left to a guess among a lost node, a kill and a freeze."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    context = ActorDiedErrorContext(
+        error_message="The actor is dead because its worker process has died. Worker exit type: NODE_OUT_OF_MEMORY "
+                      "Worker exit detail: Task was killed due to the node running low on memory.",
+        class_name="RayTrainWorker", actor_id=b"\x01" * 16, pid=4321, node_ip_address="127.0.0.1")
+    died = describe_ray_error(1, WorkerHealthCheckFailedError("dead", ActorDiedError(context)), hang_timeout_s=30)
+    assert died.kind == INFRASTRUCTURE
+    assert died.error.endswith("; Ray says: The actor is dead because its worker process has died. Worker exit type: "
+                               "NODE_OUT_OF_MEMORY Worker exit detail: Task was killed due to the node running low "
+                               "on memory.")
+    assert "actor_id" not in died.error and "4321" not in died.error
