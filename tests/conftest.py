@@ -7,9 +7,11 @@ checks of the machine (scratch folders, Ray processes) is its own run's, found b
 or session, never by a machine-wide listing that a test beside it would change.
 
 Nothing here changes how Ray or the orchestrator behave for the whole test process: the tests run
-the product in the environment a user's shell has. Tests whose point is a run, not how its
-cluster starts, ask for `warm_cluster`: their runs join one warm local cluster (`orchestrator
-up`) for the session. Every Ray node a test starts is on loopback because the product puts its own
+the product in the environment a user's shell has. Tests whose point is a run on one node run
+it as a user's first command does, in local mode (no cluster named or up: driver/local.py), which
+costs no Ray process at all; tests of the Ray path on one node (its agents as Ray Train workers,
+its dashboard, its jobs) ask for `warm_cluster`: their runs join one warm local cluster
+(`orchestrator up`) for the session. Every Ray node a test starts is on loopback because the product puts its own
 clusters there (orchestrator/cluster/environment.py) and the tests' own clusters name 127.0.0.1 as
 their node address.
 """

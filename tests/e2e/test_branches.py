@@ -154,7 +154,6 @@ def _weights_in(checkpoint_dir) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_rolled_back_run_and_a_fallback_past_a_corrupt_checkpoint_keep_their_own_checkpoints(tmp_path):
     """The issue's recipe through the Python API: run to step 30, resume from step 10 with

@@ -12,7 +12,7 @@ import pytest
 from classify_jobs import damage_row_group, write_rows
 from cli_runs import failure_of, run_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 
 def _spec(name, tmp_path, data, **config):

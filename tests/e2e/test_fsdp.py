@@ -19,7 +19,7 @@ from specs import torch_spec
 
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 # Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one.
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))
@@ -32,11 +32,11 @@ def fsdp_spec(name, storage_dir, loop="jobs.digits_torch:train_loop", fault=None
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory, _warm_record):
+def clean(tmp_path_factory):
     """The uninterrupted FSDP run: the killed run is compared with it, and the resized run
     continues a copy of its checkpoints (one Ray run fewer than training a first run for it)."""
     storage = tmp_path_factory.mktemp("clean-fsdp")
-    with isolated_state(tmp_path_factory, _warm_record):
+    with isolated_state(tmp_path_factory):
         return run_spec(fsdp_spec("clean", storage), str(storage))
 
 

@@ -94,7 +94,6 @@ def test_the_phase_limits_are_spec_fields_with_a_floor():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_slow_write_and_an_evaluation_after_max_steps_do_not_restart_a_torch_run(tmp_path):
     spec = torch_spec("slow-io", tmp_path, loop="phase_jobs:slow_storage_then_evaluation", every=1)
@@ -109,7 +108,6 @@ def test_a_slow_write_and_an_evaluation_after_max_steps_do_not_restart_a_torch_r
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
 def test_a_long_first_lightning_step_is_not_a_hang(tmp_path):
     spec = lightning_spec("slow-first", tmp_path, model_class="phase_jobs.SlowFirstStep")

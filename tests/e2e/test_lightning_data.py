@@ -8,7 +8,7 @@ import pytest
 from cli_runs import run_spec
 from elastic_jobs import committed_ids
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 
 def lightning_job(name, tmp_path, data_class, samples, **trainer):

@@ -18,7 +18,7 @@ from specs import lightning_spec
 
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 # Random each run; set ORCHESTRATOR_TEST_KILL_STEP to replay one (2 epochs of 21 steps).
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(3, 38)))

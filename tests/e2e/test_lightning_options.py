@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 from orchestrator.checkpoint import CheckpointStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 
 def recorded(folder) -> list[dict]:

@@ -38,10 +38,11 @@ def quickstart_spec(storage_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory, _warm_record):
-    """One run of the shipped quickstart, shared by the tests that inspect it."""
+def quickstart(tmp_path_factory):
+    """One run of the shipped quickstart, shared by the tests that inspect it: run as the README's
+    first command runs it, in local mode (no cluster named or up)."""
     runs = tmp_path_factory.mktemp("runs")
-    with isolated_state(tmp_path_factory, _warm_record):
+    with isolated_state(tmp_path_factory):
         return run_spec(quickstart_spec(runs), str(runs))
 
 
@@ -78,7 +79,6 @@ def test_a_finished_run_is_reported_and_not_trained_again(quickstart):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.usefixtures("warm_cluster")
 def test_the_quickstart_killed_mid_epoch_while_reading_its_parquet_data_ends_with_the_clean_weights(
         quickstart, tmp_path):
     """The Lightning path through the spec's data: section: a worker SIGKILLed mid-epoch resumes

@@ -14,7 +14,6 @@ from specs import torch_spec
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(600)
 def test_a_run_with_a_restart_and_a_resume_is_drawn_on_one_page_a_browser_renders(tmp_path):
     fault = {"kill_at": 12, "marker": str(tmp_path / "killed"), "kill_rank": 1}

@@ -19,7 +19,7 @@ from cli_runs import run_spec
 from conftest import REPO, assert_resumed_to_clean_weights, run_cli, wait_for
 from specs import STEPS_PER_EPOCH, lightning_spec, torch_spec
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("warm_cluster")]
+pytestmark = pytest.mark.slow
 
 # Random steps each run; set ORCHESTRATOR_TEST_KILL_STEP / ORCHESTRATOR_TEST_DRIVER_KILL_STEP to replay one.
 KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_KILL_STEP", random.Random().randint(5, 55)))

@@ -41,7 +41,7 @@ def _spec(path: str, name: str, storage, slow_factor: float = 1.5) -> dict:
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("path", ["torch", "lightning", "script"])
-def test_a_rank_slowed_by_half_is_named_with_its_node_and_host(path, tmp_path, warm_cluster):
+def test_a_rank_slowed_by_half_is_named_with_its_node_and_host(path, tmp_path):
     lines: list[str] = []
     slowed = run_spec(_spec(path, f"slowed-{path}", tmp_path), str(tmp_path), lines=lines)
     warnings = [line for line in lines if "is a straggler" in line]

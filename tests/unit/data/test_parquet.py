@@ -238,7 +238,6 @@ def test_a_pass_over_a_data_set_far_larger_than_a_few_row_groups_stays_within_a_
 # --- end to end -----------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
 def test_a_torch_job_reading_parquet_killed_mid_epoch_trains_every_row_of_every_epoch_once(tmp_path):
     from elastic_jobs import committed_ids
