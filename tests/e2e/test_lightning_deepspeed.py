@@ -60,7 +60,6 @@ def accumulating_spec(name, storage_dir, temp_dir=None, **model):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(600)
 def test_a_lightning_module_trains_with_deepspeed_zero_3_and_resumes_bit_for_bit(tmp_path, run_temp_dir):
     clean = run_spec(accumulating_spec("clean", tmp_path, temp_dir=run_temp_dir), str(tmp_path))
