@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import types
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator import handles
@@ -60,14 +61,21 @@ class SessionStart:
     def cwd() -> str:
         return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
 
-    def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
-        spec = self.config.spec
-        env = {**without_ray(os.environ), **spec.env}
-        if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in spec.env:
+    @staticmethod
+    def base_env(spec, environ: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+        """What a rank imports and runs under, whatever its attempt: the agent's environment
+        without Ray's variables, the job's env, and its share of the agent's threads."""
+        env = {**without_ray(environ), **spec.env}
+        if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in spec.env:
             # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
             # computes with the same threads whether its peers are on its agent or another.
-            threads = int(os.environ["OMP_NUM_THREADS"]) // placement.local_world_size
+            threads = int(environ["OMP_NUM_THREADS"]) // local_world_size
             env["OMP_NUM_THREADS"] = str(max(1, threads))
+        return env
+
+    def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
+        spec = self.config.spec
+        env = self.base_env(spec, os.environ, placement.local_world_size)
         path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
         # The child's session: the monitor through this agent; its output reaches its log through
         # this agent's copy of its pipe, so it writes no log of its own.
@@ -82,8 +90,11 @@ class SessionStart:
 class Answers:
     """The agent's answers to its rank children's calls (agent_link.LinkServer's handler)."""
 
-    def __init__(self, monitor):
+    def __init__(self, monitor, on_ray_train: bool = True):
         self.monitor = monitor
+        # Only a Ray Train worker can be told of a preemption; a local run's agent is none, and
+        # asking would import Ray Train into the command's process (half a second of a core).
+        self.on_ray_train = on_ray_train
         self.attempt = 0
         self.latest_uri: str | None = None
         self._lock = threading.Lock()
@@ -143,7 +154,7 @@ class Answers:
         if op == BEAT:
             return self._beat(*payload)
         if op == PREEMPTION:
-            notice = preemption_notice()
+            notice = preemption_notice() if self.on_ray_train else None
             if notice is None:
                 return None
             return types.SimpleNamespace(deadline_ms=getattr(notice, "deadline_ms", None),

@@ -6,7 +6,8 @@ joins the process group. So once every rank of an attempt beats itself (its impo
 process group done: a spare takes no core they need to start), the agent starts one spare a rank
 (bootstrap.py --spare), which imports those modules and waits. A restart hands each spare its
 rank's new environment (children.py); a rank with no spare alive is started afresh. Spares not
-handed an attempt end with the agent's ranks.
+handed an attempt end with the agent's ranks. A local run's command starts its first attempt's
+ranks as spares too, before it imports the job's code itself (driver/local.py `first_spares`).
 
 Their cost: each spare holds the imported modules (its own resident memory, much of it shared
 libraries it shares with its rank) and takes a few CPU-seconds once an attempt. A torchrun script
@@ -48,13 +49,17 @@ class Spares:
             return False
         self._attempt_seen = attempt
         for child in ranks.children:
-            if child.local_rank not in self._ready:
-                # The rank's own environment: what a spare imports sees what the rank would
-                # (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); the attempt's values come at the handover.
-                self._ready[child.local_rank] = subprocess.Popen(
-                    [sys.executable, BOOTSTRAP, "--spare", self.modules, *self.command], cwd=self.cwd, env=child.env,
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            # The rank's own environment: what a spare imports sees what the rank would
+            # (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); the attempt's values come at the handover.
+            self.start(child.local_rank, child.env)
         return True
+
+    def start(self, local_rank: int, env: dict[str, str]) -> None:
+        """A spare for `local_rank`, importing under `env`, unless one waits already."""
+        if local_rank not in self._ready:
+            self._ready[local_rank] = subprocess.Popen(
+                [sys.executable, BOOTSTRAP, "--spare", self.modules, *self.command], cwd=self.cwd, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
     def take(self) -> dict[int, subprocess.Popen]:
         """The spares still alive, handed to the next attempt (and no longer this object's)."""

@@ -89,7 +89,7 @@ def train_script(config: WorkerConfig) -> None:
 
 
 class Supervisor:
-    def __init__(self, config: WorkerConfig, group: AgentGroup):
+    def __init__(self, config: WorkerConfig, group: AgentGroup, spares: Spares | None = None):
         self.config, self.spec, self.monitor = config, config.spec, config.monitor
         # A ctx or Lightning rank runs the worker session in the child (session_ranks.py).
         self.sessions = self.spec.kind != "script"
@@ -117,10 +117,12 @@ class Supervisor:
         self._first_step_seen, self._last_progress_step = False, 0
         self._teardown_warned: set[int] = set()
         self.echo = Echo(lambda output: self.monitor.push.remote(output))  # rank 0's output, to the console
-        self.answers = Answers(self.monitor) if self.sessions else None
+        self.answers = Answers(self.monitor, on_ray_train=not group.local) if self.sessions else None
         self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
-        # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py).
-        self.spares = Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd()) if self.sessions else None
+        # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py); a local
+        # run's command may have started the first attempt's already (driver/local.py).
+        self.spares = (spares or Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd())
+                       if self.sessions else None)
 
     # --- the attempts -----------------------------------------------------------------------------
 

@@ -42,7 +42,6 @@ def handle(args: argparse.Namespace) -> int:
     if args.lightning_config:
         overrides["lightning.config"] = args.lightning_config
     refuse_a_second_driver(resolve_spec(_spec_source(args), overrides, read_only=True))
-    spec = resolve_spec(_spec_source(args), overrides)  # validate before paying for Ray start-up
     note = job_stop_note()  # under `ray job submit`: how long `ray job stop` leaves for a last checkpoint
     if note:
         print(note, flush=True)
@@ -50,7 +49,10 @@ def handle(args: argparse.Namespace) -> int:
     from orchestrator.driver.launch import run
 
     try:
-        run(spec, address=args.address, mode=args.mode, overwrite=args.overwrite, _process_exits=True)
+        # The spec is validated in `run` (before Ray starts), where a local run's ranks start
+        # importing beside the validation's own imports of the job's code (local.first_spares).
+        run(_spec_source(args), address=args.address, mode=args.mode, overwrite=args.overwrite, _process_exits=True,
+            **overrides)
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)

@@ -7,6 +7,7 @@ what each node runs `agent/`'s and `rank/`'s. A local run imports none of Ray's 
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -69,27 +70,33 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
         check_address(address)
     layout = RunDir.of(read.storage, read.name)
     refuse_if_held_here(layout)
-    job = resolve_spec(spec, flat)
-    chosen = local.choose(job, address, mode)
-    if chosen.local:
-        local.check_fits_here(job)
-    say(chosen.line)
-    for note in chosen.notes:
-        say(f"note: {note}")
-    check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
-    storage.ensure_dir(layout.location)
-    # One writer per run: a second driver is refused here, naming the one that holds the run. A
-    # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
-    def lease_lost(exc: LeaseLost) -> None:
-        # On the lease's heartbeat thread: Attempt._fit ends the workers within its next poll.
-        say(f"run '{job.name}' was taken over by another driver: ending this driver's workers now")
+    chosen = local.choose(read, address, mode)  # (the mode needs nothing the full validation adds)
+    # A local run's ranks start importing now, beside the command's own imports of the job's code.
+    spares = local.first_spares(read, _worker_env(read)) if chosen.local else None
+    try:
+        job = resolve_spec(spec, flat)
+        if chosen.local:
+            local.check_fits_here(job)
+        say(chosen.line)
+        for note in chosen.notes:
+            say(f"note: {note}")
+        check_data_input(job)  # reads the Parquet footers: bad input fails here, before Ray starts
+        storage.ensure_dir(layout.location)
+        # One writer per run: a second driver is refused here, naming the one that holds the run. A
+        # holder this host cannot check by pid is watched for up to LEASE_TTL_S first (said on the console).
+        def lease_lost(exc: LeaseLost) -> None:
+            # On the lease's heartbeat thread: Attempt._fit ends the workers within its next poll.
+            say(f"run '{job.name}' was taken over by another driver: ending this driver's workers now")
 
-    with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
-        return _run_holding(job, layout, run_lease, address, chosen, overwrite, say, _process_exits)
+        with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
+            return _run_holding(job, layout, run_lease, address, chosen, overwrite, say, _process_exits, spares)
+    finally:
+        if spares is not None:
+            spares.close()  # those no attempt took (the spec refused, the run already finished)
 
 
 def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, mode: local.Mode,
-                 overwrite: bool, say: Console, process_exits: bool) -> RunResult:
+                 overwrite: bool, say: Console, process_exits: bool, spares=None) -> RunResult:
     run_dir = layout.location
     store = CheckpointStore(run_dir, fence=run_lease.check)
     choice = resume.choose(job, store, overwrite=overwrite)
@@ -110,11 +117,12 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         say(f"note: {branched}")
 
     started = time.time()
-    worker_env = {**job.env, **QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
+    worker_env = _worker_env(job)
     if mode.local:
         with local.session(job, worker_env):
             result, error, attempt = _watch(job, layout, choice, run_lease, local.start_monitor(job),
-                                            local.LocalTrainer, say, started, grace=None)
+                                            functools.partial(local.LocalTrainer, spares=spares), say, started,
+                                            grace=None)
     else:
         result, error, attempt = _on_ray(job, layout, choice, run_lease, address, worker_env, say, started,
                                          process_exits)
@@ -270,6 +278,11 @@ SHELL_VARIABLES = ("OMP_NUM_THREADS",)
 def _script_context() -> ScriptContext:
     env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
     return ScriptContext(cwd=os.getcwd(), env=env, niceness=os.nice(0))
+
+
+def _worker_env(job: JobSpec) -> dict[str, str]:
+    """The variables every worker (a local run's agent too) gets besides the user's environment."""
+    return {**job.env, **QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
 
 
 def _worker_pythonpath() -> str:

@@ -114,12 +114,7 @@ def session(job: JobSpec, worker_env: dict[str, str]) -> Iterator[None]:
     from orchestrator.observe import metrics
 
     reap_orphans()  # what an embedded cluster whose driver was killed left, as every Ray run's start does
-    worker_env = dict(worker_env)
-    if job.script is None and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-        # Ray's rule for a worker, its CPUs, for the one agent that holds every worker's: each rank
-        # then computes with the threads it has on Ray (agent/session_ranks.py), bit for bit the same.
-        cpus = float(job.scaling.resources_per_worker.get("CPU", 1.0)) * job.scaling.num_workers
-        worker_env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
+    worker_env = _agent_env(job, worker_env)
     saved = {key: os.environ.get(key) for key in worker_env}
     os.environ.update(worker_env)
     metrics.serve_locally()
@@ -134,11 +129,45 @@ def session(job: JobSpec, worker_env: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-class LocalTrainer:
-    """The agent of a local run, started by `fit()` as Ray Train starts its workers: in this process."""
+def _agent_env(job: JobSpec, worker_env: dict[str, str]) -> dict[str, str]:
+    """The variables the agent's process gets for the run: a Ray worker's (`worker_env`), and for a
+    ctx or Lightning job the threads Ray would give the one agent that holds every worker's ranks,
+    so that each rank computes with the threads it has on Ray (agent/session_ranks.py), bit for bit."""
+    worker_env = dict(worker_env)
+    if job.script is None and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
+        cpus = float(job.scaling.resources_per_worker.get("CPU", 1.0)) * job.scaling.num_workers
+        worker_env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
+    return worker_env
 
-    def __init__(self, config: WorkerConfig):
-        self.config = config
+
+def first_spares(job: JobSpec, worker_env: dict[str, str]):
+    """The first attempt's ranks of a ctx or Lightning job, started now, before the command itself
+    imports the job's code: spares (agent/spares.py) that import torch and Lightning at the lowest
+    priority while the command validates the spec, takes the lease and chooses the checkpoint, on a
+    core it leaves idle, then are handed the attempt (`LocalTrainer`). Each imports under the
+    environment its rank will have. None for a script (its own imports come first, as under
+    torchrun) and for a GPU job (its devices are chosen with the attempt). The caller closes what
+    is not taken."""
+    if job.script is not None or job.scaling.use_gpu:
+        return None
+    from orchestrator.agent.session_ranks import SessionStart
+    from orchestrator.agent.spares import Spares
+
+    ranks = job.scaling.num_workers * job.ranks_per_worker
+    environ = {**os.environ, **_agent_env(job, worker_env)}
+    env = SessionStart.base_env(job, environ, ranks)
+    spares = Spares(job.kind, SessionStart.command(), SessionStart.cwd())
+    for local_rank in range(ranks):
+        spares.start(local_rank, env)
+    return spares
+
+
+class LocalTrainer:
+    """The agent of a local run, started by `fit()` as Ray Train starts its workers: in this process.
+    `spares`: the first attempt's ranks, started ahead by the command (`first_spares`)."""
+
+    def __init__(self, config: WorkerConfig, spares=None):
+        self.config, self.spares = config, spares
 
     def fit(self) -> None:
         from orchestrator.agent.group import AgentGroup
@@ -149,7 +178,8 @@ class LocalTrainer:
         group_failures = 0
         while True:
             try:
-                Supervisor(self.config, group).run()
+                spares, self.spares = self.spares, None  # the first attempt's only
+                Supervisor(self.config, group, spares).run()
                 return
             except Exception as exc:  # classified as Ray Train's controller would
                 from orchestrator.monitor.classifier import classify_failure  # (Ray Train's import: only now)

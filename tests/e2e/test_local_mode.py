@@ -67,9 +67,19 @@ def _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, temp:
     spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
     spec["env"] = {"TMPDIR": temp}
     lines: list[str] = []
-    result = run_spec(spec, str(tmp_path), mode="local", lines=lines)
+    imports = tmp_path / "imports.jsonl"
+    with pytest.MonkeyPatch.context() as patch:  # (this command's own environment: faulty.py notes its imports)
+        patch.setenv("FAULTY_IMPORTS", str(imports))
+        result = run_spec(spec, str(tmp_path), mode="local", lines=lines)
     assert lines[0].startswith("local mode:"), lines[:3]
     _assert_restarted_in_place(result, starts)
+    # The first attempt's ranks were started before the command had imported the job's code (its
+    # validation, in the agent's process): they imported torch and Lightning beside it, not after.
+    with open(starts) as f:
+        first = [json.loads(line) for line in f if json.loads(line)["attempt"] == 1]
+    with open(imports) as f:
+        by_command = [json.loads(line)["at"] for line in f if json.loads(line)["pid"] == first[0]["ppid"]]
+    assert by_command and all(s["created"] < by_command[0] for s in first), (first, by_command)
     assert result.global_step == clean.global_step
     assert result.weights_sha256 == clean.weights_sha256
     with open(starts) as f:

@@ -8,8 +8,10 @@ Nothing here changes what is trained: killed and clean runs must end with the sa
 from __future__ import annotations
 
 import enum
+import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytorch_lightning
@@ -17,6 +19,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from jobs.digits import DigitsClassifier
 from jobs.digits_torch import train_loop as digits_train_loop
+
+if os.environ.get("FAULTY_IMPORTS"):
+    # Which process imported the job's code, and when it was done (a test of a local run's start
+    # sets it: the command's own import, by its validation, is told from its ranks' by the pid).
+    with open(os.environ["FAULTY_IMPORTS"], "a") as _imports:
+        _imports.write(json.dumps({"pid": os.getpid(), "at": time.time()}) + "\n")
 
 
 def _kill_once(marker: str, step: int, at: int, rank: int, on_rank: int, signum: int = signal.SIGKILL) -> None:

@@ -25,12 +25,10 @@ with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
 
     python .../bootstrap.py --spare MODULE[,MODULE...] -m orchestrator.rank.rank_main
 
-is a spare for the next attempt of a ctx or Lightning rank (spares.py): it imports those modules
-(torch, Lightning, the harness: seconds of a restart) and waits; the agent hands it the attempt's
-environment as one JSON line on its stdin, and it goes on as a rank started afresh would. An
-end of its stdin without a line ends it. It imports at the lowest priority (niceness 19), so
-that the ranks training beside it keep their cores, where it may take its niceness back after
-(root, or RLIMIT_NICE allowing it); at a restart the old ranks are gone and the cores its own.
+is a spare (spares.py): a ctx or Lightning rank of the next attempt, or of a local run's first. It
+imports those modules at niceness 19 (the ranks or the command beside it keep their cores; it
+takes its niceness back where it may: root, RLIMIT_NICE) and waits for its attempt's environment,
+one JSON line on its stdin, then goes on as a rank started afresh would (no line: it ends).
 """
 
 import collections
@@ -313,6 +311,8 @@ def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
                 pass
     os.environ.clear()
     os.environ.update(json.loads(line))
+    # sys.path as the rank's own PYTHONPATH makes it (a local run's first spares start before it is known).
+    sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     return True
 
 
