@@ -41,18 +41,21 @@ def handle(args: argparse.Namespace) -> int:
         overrides["resume_from"] = args.resume_from
     if args.lightning_config:
         overrides["lightning.config"] = args.lightning_config
-    refuse_a_second_driver(resolve_spec(_spec_source(args), overrides, read_only=True))
+    read = resolve_spec(_spec_source(args), overrides, read_only=True)
+    refuse_a_second_driver(read)
     note = job_stop_note()  # under `ray job submit`: how long `ray job stop` leaves for a last checkpoint
     if note:
         print(note, flush=True)
+    from orchestrator.driver import local
 
+    # A local run's first ranks start importing torch and Lightning now, before this process does
+    # (the driver, then the spec's validation in `run`, before Ray starts if it does).
+    started = local.start(read, args.address, args.mode)
     from orchestrator.driver.launch import run
 
     try:
-        # The spec is validated in `run` (before Ray starts), where a local run's ranks start
-        # importing beside the validation's own imports of the job's code (local.first_spares).
         run(_spec_source(args), address=args.address, mode=args.mode, overwrite=args.overwrite, _process_exits=True,
-            **overrides)
+            _started=started, **overrides)
     except RunStopped as exc:
         return finish_process(exc)
     return finish_process(None)

@@ -72,3 +72,20 @@ QUIET_RAY_ENV = {
     # Do not ask for usage stats on an embedded, throwaway cluster.
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+
+def worker_env(job_env: dict[str, str]) -> dict[str, str]:
+    """The variables every worker (a local run's agent too) gets on top of the driver's: the
+    job's `env:`, Ray's quiet switches, and a PYTHONPATH that finds the user's modules."""
+    return {**job_env, **QUIET_RAY_ENV, "PYTHONPATH": worker_pythonpath()}
+
+
+def worker_pythonpath() -> str:
+    """Let workers import the user's modules the way the driver does (from the current directory)."""
+    # Absolute: Ray may start workers in another directory (a job's unpacked working_dir).
+    own = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p]
+    parts = [os.getcwd(), *own]
+    existing = os.environ.get("PYTHONPATH")
+    if existing:
+        parts.append(existing)
+    return os.pathsep.join(dict.fromkeys(parts))

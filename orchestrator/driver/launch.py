@@ -7,10 +7,10 @@ what each node runs `agent/`'s and `rank/`'s. A local run imports none of Ray's 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
 from orchestrator.checkpoint.lease import LeaseLost, RunLease, refuse_if_held_here
-from orchestrator.cluster.environment import QUIET_RAY_ENV
+from orchestrator.cluster.environment import worker_env
 from orchestrator.data.sources import check_data_input
 from orchestrator.driver import local, resume
 from orchestrator.driver.attempt import Attempt
@@ -47,7 +47,7 @@ def _print(line: str) -> None:
 
 def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str | None = None,
         mode: str = local.AUTO, overwrite: bool = False, console: Console | None = _print,
-        _process_exits: bool = False, **overrides: Any) -> RunResult:
+        _process_exits: bool = False, _started: local.Started | None = None, **overrides: Any) -> RunResult:
     """Train the job described by `spec` and return a typed result.
 
     `spec` is a path to a YAML file, a mapping, or a JobSpec. `overrides` set fields by name; use
@@ -55,25 +55,31 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
     (local mode for one node with no cluster named or up, else Ray), "local" or "ray" (local.py).
     `_process_exits` (the CLI's): the process ends with os._exit once this returns a finished
     run, so the run need not wait for Ray's orderly teardown (see attempt.py and
-    `cluster.disconnect`).
+    `cluster.disconnect`). `_started` (the CLI's): the mode it chose, and a local run's first ranks
+    it started, before it imported this module (local.start).
     """
     say = console or (lambda line: None)
-    # The run's name and storage first, importing nothing: a second driver of a live run on this
-    # host is refused at once, before torch, Lightning or the user's code is imported.
-    flat = _flatten_overrides(overrides)
-    read = resolve_spec(spec, flat, read_only=True)
-    if mode not in (local.AUTO, local.LOCAL, local.RAY):
-        raise UserError(f"mode {mode!r} is not one of 'auto', 'local', 'ray'.")
-    if mode != local.LOCAL and (address or os.environ.get("RAY_ADDRESS")):
-        from orchestrator.cluster.connection import check_address  # (it imports Ray: only for an address)
+    with contextlib.ExitStack() as cleanup:
+        # A local run's first ranks not taken by an attempt (the spec refused, the run finished) end.
+        if _started is not None and _started.spares is not None:
+            cleanup.callback(_started.spares.close)
+        # The run's name and storage first, importing nothing: a second driver of a live run on this
+        # host is refused at once, before torch, Lightning or the user's code is imported.
+        flat = _flatten_overrides(overrides)
+        read = resolve_spec(spec, flat, read_only=True)
+        if mode not in (local.AUTO, local.LOCAL, local.RAY):
+            raise UserError(f"mode {mode!r} is not one of 'auto', 'local', 'ray'.")
+        if mode != local.LOCAL and (address or os.environ.get("RAY_ADDRESS")):
+            from orchestrator.cluster.connection import check_address  # (it imports Ray: only for an address)
 
-        check_address(address)
-    layout = RunDir.of(read.storage, read.name)
-    refuse_if_held_here(layout)
-    chosen = local.choose(read, address, mode)  # (the mode needs nothing the full validation adds)
-    # A local run's ranks start importing now, beside the command's own imports of the job's code.
-    spares = local.first_spares(read, _worker_env(read)) if chosen.local else None
-    try:
+            check_address(address)
+        layout = RunDir.of(read.storage, read.name)
+        refuse_if_held_here(layout)
+        if _started is None:  # a local run's ranks start importing now, beside this process's imports of the job
+            _started = local.start(read, address, mode)
+            if _started.spares is not None:
+                cleanup.callback(_started.spares.close)
+        chosen, spares = _started
         job = resolve_spec(spec, flat)
         if chosen.local:
             local.check_fits_here(job)
@@ -90,9 +96,6 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
 
         with RunLease.acquire(layout, on_wait=say).start_heartbeat(on_lost=lease_lost) as run_lease:
             return _run_holding(job, layout, run_lease, address, chosen, overwrite, say, _process_exits, spares)
-    finally:
-        if spares is not None:
-            spares.close()  # those no attempt took (the spec refused, the run already finished)
 
 
 def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str | None, mode: local.Mode,
@@ -117,14 +120,14 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         say(f"note: {branched}")
 
     started = time.time()
-    worker_env = _worker_env(job)
+    env = worker_env(job.env)
     if mode.local:
-        with local.session(job, worker_env):
+        with local.session(job, env):
             result, error, attempt = _watch(job, layout, choice, run_lease, local.start_monitor(job),
                                             functools.partial(local.LocalTrainer, spares=spares), say, started,
                                             grace=None)
     else:
-        result, error, attempt = _on_ray(job, layout, choice, run_lease, address, worker_env, say, started,
+        result, error, attempt = _on_ray(job, layout, choice, run_lease, address, env, say, started,
                                          process_exits)
 
     if result.status == "stopped":
@@ -278,22 +281,6 @@ SHELL_VARIABLES = ("OMP_NUM_THREADS",)
 def _script_context() -> ScriptContext:
     env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
     return ScriptContext(cwd=os.getcwd(), env=env, niceness=os.nice(0))
-
-
-def _worker_env(job: JobSpec) -> dict[str, str]:
-    """The variables every worker (a local run's agent too) gets besides the user's environment."""
-    return {**job.env, **QUIET_RAY_ENV, "PYTHONPATH": _worker_pythonpath()}
-
-
-def _worker_pythonpath() -> str:
-    """Let workers import the user's modules the way the driver does (from the current directory)."""
-    # Absolute: Ray may start workers in another directory (a job's unpacked working_dir).
-    own = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p]
-    parts = [os.getcwd(), *own]
-    existing = os.environ.get("PYTHONPATH")
-    if existing:
-        parts.append(existing)
-    return os.pathsep.join(dict.fromkeys(parts))
 
 
 def _flatten_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from orchestrator import handles
 from orchestrator.errors import UserError
@@ -69,6 +70,21 @@ def choose(job: JobSpec, address: str | None, requested: str = AUTO) -> Mode:
                     tuple(notes))
     return Mode(True, f"local mode: one node, {ranks} rank(s) on this machine, no Ray cluster to start; --ray runs "
                       "on Ray (its dashboard, more nodes)", tuple(notes))
+
+
+class Started(NamedTuple):
+    """The mode a run goes in, and a local run's first ranks, started (`start`)."""
+    mode: Mode
+    spares: Any  # agent.spares.Spares | None
+
+
+def start(job: JobSpec, address: str | None, requested: str = AUTO) -> Started:
+    """Choose the mode from the spec's first, import-free pass (nothing the full validation adds
+    changes it), and for local mode start the first attempt's ranks at once (`first_spares`)."""
+    from orchestrator.cluster.environment import worker_env
+
+    mode = choose(job, address, requested)
+    return Started(mode, first_spares(job, worker_env(job.env)) if mode.local else None)
 
 
 def check_fits_here(job: JobSpec) -> None:
