@@ -3,7 +3,11 @@ return, for the smallest job (2 workers, one optimizer step), through `orchestra
 through raw Ray Train (`bench/startup_raw.py`), alternating the two; then through `orchestrator
 run` on a warm local cluster (`orchestrator up`).
 
-    python bench/startup.py [--rounds 3] [--warm-runs 3]
+    python bench/startup.py [--rounds 3] [--warm-runs 3] [--compare-env NAME=VALUE]
+
+The cold runs say --ray (one node would otherwise run in local mode, without Ray: local_start.py
+measures that). `--compare-env` runs each warm run twice, alternating, once with a variable set
+(one of Ray Train's switches, e.g. RAY_TRAIN_METRICS_ENABLED=0), and prints both medians.
 
 Each run is a fresh process on a cold machine (no Ray running; the warm runs excepted). The
 orchestrator's driver lines are timestamped as they arrive, which splits its time into phases:
@@ -163,6 +167,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm-runs", type=int, default=3)
+    parser.add_argument("--compare-env", metavar="NAME=VALUE",
+                        help="each warm run also with this variable set (a switch of Ray's), alternating")
     parser.add_argument("--by-process", action="store_true",
                         help="the core-seconds of each kind of process the warm runs start")
     args = parser.parse_args()
@@ -176,7 +182,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {"orchestrator": [], "raw": []}
     try:
         for r in range(args.rounds):
-            arms = [("orchestrator", [*orchestrator, _spec(scratch, f"cold-{r}", first_step_file)]),
+            arms = [("orchestrator", [*orchestrator, _spec(scratch, f"cold-{r}", first_step_file), "--ray"]),
                     ("raw", [sys.executable, os.path.join(REPO, "bench", "startup_raw.py"), first_step_file,
                              os.path.join(scratch, f"raw-{r}")])]
             for name, command in arms[::-1] if r % 2 else arms:
@@ -192,11 +198,23 @@ def main() -> None:
         try:
             if sampler:
                 sampler.begin()
+            compared: list[dict] = []
+            name, _, value = (args.compare_env or "").partition("=")
             for w in range(args.warm_runs):
-                run = _timed([*orchestrator, _spec(scratch, f"warm-{w}", first_step_file)], first_step_file, env)
-                warm.append(run)
-                print(f"warm run {w + 1}: first step {run['first_step']:5.1f} s, returned {run['returned']:5.1f} s, "
-                      f"{run['busy']:5.1f} busy core-s  ({_phases(run)})", flush=True)
+                arms = [(warm, env, "")]
+                if args.compare_env:  # the same warm run with the variable set, in alternating order
+                    arms.append((compared, {**env, name: value}, f" with {args.compare_env}"))
+                for into, arm_env, label in arms[::-1] if w % 2 else arms:
+                    run = _timed([*orchestrator, _spec(scratch, f"warm-{w}{'x' if label else ''}", first_step_file)],
+                                 first_step_file, arm_env)
+                    into.append(run)
+                    print(f"warm run {w + 1}{label}: first step {run['first_step']:5.1f} s, returned "
+                          f"{run['returned']:5.1f} s, {run['busy']:5.1f} busy core-s  ({_phases(run)})", flush=True)
+            if compared:
+                for key in ("first_step", "returned", "busy"):
+                    with_it, without = (statistics.median(r[key] for r in runs) for runs in (compared, warm))
+                    print(f"warm median {key} with {args.compare_env}: {with_it:.2f}, without: {without:.2f} "
+                          f"(ratio {with_it / without:.2f})")
             if sampler:
                 _print_by_process(sampler.end(), args.warm_runs)
         finally:
