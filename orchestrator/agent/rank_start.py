@@ -1,4 +1,5 @@
-"""What a torchrun script's rank is started with: its command, its directory and its environment.
+"""What a rank is started with: its command, its directory and its environment (a torchrun
+script's: RankStart; a ctx or Lightning rank's: session_command, session_env).
 
 The environment is torchrun's, built from the Ray worker's (the agent's) without Ray's own
 variables: a rank has no Ray in it, and must not be handed the cluster's address or its auth
@@ -9,6 +10,7 @@ command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS) and the spec's `env:` come on
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from orchestrator.agent.children import RAY_TRAIN_VARS, Placement
 from orchestrator.run_dir import RunDir
@@ -73,3 +75,22 @@ def without_ray(environ) -> dict[str, str]:
     """The agent's environment for a rank: no Ray variable (the cluster's address, its auth
     token), and none of Ray Train's process-group variables (the rank gets torchrun's)."""
     return {k: v for k, v in environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
+
+
+def session_command() -> list[str]:
+    """A ctx or Lightning rank's command (after the bootstrap): the worker session's own module."""
+    return ["-m", "orchestrator.rank.rank_main"]
+
+
+def session_env(spec: JobSpec, environ: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    """What a ctx or Lightning rank imports and runs under, whatever its attempt: the agent's
+    environment without Ray's variables, the job's env, and its share of the agent's threads.
+    (Here, not in session_ranks.py, which imports torch: a local run's command starts its first
+    ranks with it before it imports torch itself.)"""
+    env = {**without_ray(environ), **spec.env}
+    if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in spec.env:
+        # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
+        # computes with the same threads whether its peers are on its agent or another.
+        threads = int(environ["OMP_NUM_THREADS"]) // local_world_size
+        env["OMP_NUM_THREADS"] = str(max(1, threads))
+    return env

@@ -23,12 +23,11 @@ import os
 import threading
 import time
 import types
-from collections.abc import Mapping
 from typing import Any
 
 from orchestrator import handles
 from orchestrator.agent.children import Placement
-from orchestrator.agent.rank_start import without_ray
+from orchestrator.agent.rank_start import session_command, session_env
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply
 from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
 from orchestrator.rank.heartbeat import STARTING
@@ -55,27 +54,15 @@ class SessionStart:
 
     @staticmethod
     def command() -> list[str]:
-        return ["-m", "orchestrator.rank.rank_main"]
+        return session_command()
 
     @staticmethod
     def cwd() -> str:
         return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
 
-    @staticmethod
-    def base_env(spec, environ: Mapping[str, str], local_world_size: int) -> dict[str, str]:
-        """What a rank imports and runs under, whatever its attempt: the agent's environment
-        without Ray's variables, the job's env, and its share of the agent's threads."""
-        env = {**without_ray(environ), **spec.env}
-        if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in spec.env:
-            # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
-            # computes with the same threads whether its peers are on its agent or another.
-            threads = int(environ["OMP_NUM_THREADS"]) // local_world_size
-            env["OMP_NUM_THREADS"] = str(max(1, threads))
-        return env
-
     def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
         spec = self.config.spec
-        env = self.base_env(spec, os.environ, placement.local_world_size)
+        env = session_env(spec, os.environ, placement.local_world_size)
         path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
         # The child's session: the monitor through this agent; its output reaches its log through
         # this agent's copy of its pipe, so it writes no log of its own.

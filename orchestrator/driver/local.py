@@ -166,13 +166,13 @@ def first_spares(job: JobSpec, worker_env: dict[str, str]):
     is not taken."""
     if job.script is not None or job.scaling.use_gpu:
         return None
-    from orchestrator.agent.session_ranks import SessionStart
+    from orchestrator.agent.rank_start import session_command, session_env
     from orchestrator.agent.spares import Spares
 
     ranks = job.scaling.num_workers * job.ranks_per_worker
     environ = {**os.environ, **_agent_env(job, worker_env)}
-    env = SessionStart.base_env(job, environ, ranks)
-    spares = Spares(job.kind, SessionStart.command(), SessionStart.cwd())
+    env = session_env(job, environ, ranks)
+    spares = Spares(job.kind, session_command(), os.getcwd())
     for local_rank in range(ranks):
         spares.start(local_rank, env)
     return spares

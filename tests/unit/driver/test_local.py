@@ -1,9 +1,13 @@
 """Which mode a run goes in (orchestrator/driver/local.py): local for one node with no cluster
-named or up, Ray otherwise; --local refused, with the reason, where only a cluster serves."""
+named or up, Ray otherwise; --local refused, with the reason, where only a cluster serves; a
+local run's first ranks started before the command imports torch."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -76,3 +80,25 @@ def test_a_warm_clusters_record_whose_cluster_is_gone_is_removed_and_said_and_th
     mode = local.choose(_job(), None)
     assert mode.local and not record.exists()
     assert len(mode.notes) == 1 and f"the warm local cluster recorded at 127.0.0.1:{port}" in mode.notes[0]
+
+
+def test_a_local_runs_first_ranks_start_before_the_command_has_imported_torch(tmp_path):
+    """The command starts a ctx run's first ranks from the spec's import-free pass, before it pays
+    for torch itself (in a fresh process, as the command line's): they import it beside it."""
+    code = (
+        "import sys, json\n"
+        "from orchestrator.driver import local\n"
+        "from orchestrator.spec import resolve_spec\n"
+        "job = resolve_spec({'name': 'm', 'torch': {'train_loop': 'jobs.digits_torch:train_loop', 'max_epochs': 1},"
+        " 'scaling': {'num_workers': 1, 'nproc_per_node': 2}}, read_only=True)\n"
+        "started = local.start(job, None, 'auto')\n"
+        "pids = sorted(started.spares.pids)\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'ranks': len(pids), 'local': started.mode.local}))\n"
+        "started.spares.close()\n"
+    )
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}  # no warm cluster of the user's
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False, "ranks": 2, "local": True}
