@@ -51,8 +51,6 @@ LONG_BUT_ONE_IDEA = {
     "orchestrator.rank.torch.loop": "the ctx API: TrainContext and its resumable loader",
     "orchestrator.rank.session": "a worker's session: resume point, saving, progress",
     "orchestrator.spec.validate": "the validation rules of every section",
-    "orchestrator.rank.script.bootstrap": "a rank's process around its code, run by path with the standard library "
-                                          "alone (nothing of the package can be imported before a script runs)",
 }
 
 

@@ -295,7 +295,6 @@ def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
     humble = _may_lower_to(niceness)
     if humble:
         os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICENESS)
-        _set_session_niceness(SPARE_NICENESS)
     for name in modules:
         try:
             importlib.import_module(name)
@@ -310,24 +309,11 @@ def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
                 os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
             except OSError:
                 pass
-        _set_session_niceness(niceness)
     os.environ.clear()
     os.environ.update(json.loads(line))
     # sys.path as the rank's own PYTHONPATH makes it (a local run's first spares start before it is known).
     sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     return True
-
-
-def _set_session_niceness(niceness: int) -> None:
-    """The niceness of this process's session in Linux's scheduler. Where autogroups are on (most
-    distributions' default), the scheduler shares the CPUs between sessions first, and a process's
-    own niceness only weighs it within its session: a spare, a session of its own, at niceness 19
-    took a full session's share from the ranks training beside it (45% of a core each, here)."""
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(niceness))
-    except OSError:
-        pass  # no autogroups in this kernel: the process's own niceness is all there is
 
 
 def _may_lower_to(niceness: int) -> bool:

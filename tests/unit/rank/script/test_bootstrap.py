@@ -1,17 +1,13 @@
-"""The bootstrap (rank/script/bootstrap.py) on real scripts, as every rank child runs it: its
-measure of a rank's own work a step (_StepWork: from the end of one optimizer step to the end of
-the next forward, the loss included; what follows the forward, the backward where a DDP rank
-waits for its peers, is not), and a spare's share of the CPUs while it waits."""
+"""The bootstrap's measure of a rank's own work a step (rank/script/bootstrap.py's _StepWork), on a
+real script under the bootstrap, as every rank child runs: from the end of one optimizer step to
+the end of the next forward, the loss included; what follows the forward (the backward, where a
+DDP rank waits for its peers) is not."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
-
-import pytest
 
 from orchestrator.agent.children import BOOTSTRAP
 from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR
@@ -43,35 +39,3 @@ def test_a_ranks_own_work_is_its_batch_forward_and_loss_and_not_what_follows(tmp
     # Slack above for a busy machine's late wake-ups; never the AFTER_FORWARD_S that follows.
     assert LOADING_S <= work < LOADING_S + AFTER_FORWARD_S / 2, (work, step_time)
     assert step_time >= LOADING_S + AFTER_FORWARD_S
-
-
-def _session_niceness(pid: int) -> int:
-    with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-123 nice 19"
-        return int(f.read().split()[-1])
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="this kernel has no scheduler autogroups")
-def test_a_waiting_spare_yields_the_cpus_as_a_session_and_a_handed_one_takes_its_share_back(tmp_path):
-    """A spare is a session of its own; where Linux's scheduler shares the CPUs between sessions
-    first (autogroups), its own niceness 19 weighs nothing against the ranks' sessions: the
-    session's niceness must be 19 too, or the spare takes a full share from the training beside it."""
-    marker = tmp_path / "ran"
-    script = tmp_path / "script.py"
-    script.write_text(f"import os\nopen({str(marker)!r}, 'w').write(open('/proc/self/autogroup').read())\n")
-    spare = subprocess.Popen([sys.executable, BOOTSTRAP, "--spare", "json", str(script)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while _session_niceness(spare.pid) != 19 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _session_niceness(spare.pid) == 19
-        if os.getpriority(os.PRIO_PROCESS, 0) == 0 and os.geteuid() == 0:  # it may take niceness 0 back
-            env = {**os.environ, BEAT_FILE_VAR: str(tmp_path / "beat")}
-            spare.stdin.write(json.dumps(env) + "\n")
-            spare.stdin.close()
-            assert spare.wait(timeout=60) == 0, spare.stdout.read()
-            assert marker.read_text().split()[-1] == "0"
-    finally:
-        spare.kill()
-        spare.wait()
-        spare.stdout.close()
