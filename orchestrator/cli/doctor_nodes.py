@@ -2,8 +2,11 @@
 a slow one (cli/doctor_checks.py adds these checks to the rest).
 
 - matmul: a bench actor pinned to every node that can hold a worker times back-to-back matmuls on
-  its CPUs (as many threads as the node has CPUs) or on each of its GPUs. Nodes that share a
-  host (an address) take turns, since they share its cores; other hosts measure at once.
+  its CPUs (as many threads as the node has CPUs) or on each of its GPUs, its best of a few short
+  windows. Nodes that share a host (an address) take turns window by window, since they share its
+  cores; other hosts measure at once. A node found slow is measured again, with all the others,
+  and named only if it stays slow: a burst of another process's load on a host falls on every
+  node's windows alike, and a moment of it does not name a healthy node.
 - links: the all-reduce check's workers (one per node) send 16 MiB there and back between pairs
   of nodes, a round-robin of up to three rounds (cli/doctor_probes.py), and each node's figure is
   its best pair's: a slow node or link is slow in every pair of its own, a healthy node meets at
@@ -29,8 +32,9 @@ from orchestrator.cli.checkpoint_table import text_table
 from orchestrator.cli.doctor_probes import DeviceBench
 from orchestrator.cli.doctor_report import Check
 
-# The matmul's measure: the best of these windows.
-WINDOW_S, WINDOWS = 0.2, 5
+# The matmul's measure: a node's best of these windows, taken in passes of one window a node;
+# while a node would be named slow, up to CONFIRM more passes of every node.
+WINDOW_S, WINDOWS, CONFIRM = 0.2, 5, 10
 BENCH_TIMEOUT_S = 120.0
 
 
@@ -65,38 +69,73 @@ def can_hold_a_worker(node: dict[str, Any], use_gpu: bool) -> bool:
     return node["Resources"].get("GPU" if use_gpu else "CPU", 0) >= 1
 
 
-def measure_devices(nodes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]] | str]:
+def device_findings(nodes: list[dict[str, Any]], measured: dict[str, Any]) -> list[Finding]:
+    by_id = {n["NodeID"]: n for n in nodes}
+    return [Finding(by_id[node_id], device["device"], device["flops"])
+            for node_id, devices in measured.items() if not isinstance(devices, str) for device in devices]
+
+
+def measure_devices(nodes: list[dict[str, Any]], slow_below: float) -> dict[str, list[dict[str, Any]] | str]:
     """Each node's matmul throughput per device ({node id: [{device, name, flops}]}), or why
     it could not be measured."""
     pinned = {n["NodeID"]: DeviceBench.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
         num_gpus=n["Resources"].get("GPU", 0)).remote(max(1, int(n["Resources"].get("CPU", 1))))
         for n in nodes}
-    found: dict[str, list[dict[str, Any]] | str] = {}
     try:
-        _each(pinned, lambda actor: actor.ready.remote(), found)
+        failed = _each(pinned, lambda actor: actor.ready.remote())
+        failed = {node_id: why for node_id, why in failed.items() if isinstance(why, str)}
         by_host: dict[str, list[str]] = {}
         for node in nodes:
-            by_host.setdefault(node["NodeManagerAddress"], []).append(node["NodeID"])
+            if node["NodeID"] not in failed:
+                by_host.setdefault(node["NodeManagerAddress"], []).append(node["NodeID"])
         # One node of each host at a time: nodes on one host would measure each other's load.
-        for turn in itertools.zip_longest(*by_host.values()):
-            ready = {node_id: pinned[node_id] for node_id in turn if node_id and node_id not in found}
-            _each(ready, lambda actor: actor.measure.remote(WINDOW_S, WINDOWS), found, keep=True)
+        turns = [[node_id for node_id in turn if node_id] for turn in itertools.zip_longest(*by_host.values())]
+        measured = in_turns(turns, lambda ids: _each({i: pinned[i] for i in ids},
+                                                     lambda actor: actor.measure.remote(WINDOW_S, 1)),
+                            lambda best: bool(judge(device_findings(nodes, best), slow_below)))
+        return {**measured, **failed}
     finally:
         for actor in pinned.values():
             ray.kill(actor)
-    return found
 
 
-def _each(actors: dict[str, Any], call: Callable, found: dict[str, Any], keep: bool = False) -> None:
+def in_turns(turns: list[list[str]], window: Callable[[list[str]], dict[str, Any]],
+             anyone_slow: Callable[[dict[str, Any]], bool], windows: int = WINDOWS,
+             confirm: int = CONFIRM) -> dict[str, Any]:
+    """Each node's best window per device, in passes of one window a node, turn by turn (window
+    measures a turn's nodes at once); while `anyone_slow`, up to `confirm` more passes. A node
+    that cannot be measured keeps why, and is measured no more."""
+    best: dict[str, Any] = {}
+    for done in range(windows + confirm):
+        if done >= windows and not anyone_slow(best):
+            break
+        for turn in turns:
+            answers = window([node_id for node_id in turn if not isinstance(best.get(node_id), str)])
+            for node_id, answer in answers.items():
+                best[node_id] = _best(best.get(node_id), answer)
+    return best
+
+
+def _best(kept: list[dict[str, Any]] | None, answer: list[dict[str, Any]] | str) -> list[dict[str, Any]] | str:
+    if kept is None or isinstance(answer, str):
+        return answer
+    fastest = {device["device"]: device for device in kept}
+    for device in answer:
+        if device["flops"] > fastest.get(device["device"], {"flops": -1.0})["flops"]:
+            fastest[device["device"]] = device
+    return list(fastest.values())
+
+
+def _each(actors: dict[str, Any], call: Callable) -> dict[str, Any]:
     refs = {node_id: call(actor) for node_id, actor in actors.items()}
+    found: dict[str, Any] = {}
     for node_id, ref in refs.items():
         try:
-            answer = ray.get(ref, timeout=BENCH_TIMEOUT_S)
-            if keep:
-                found[node_id] = answer
+            found[node_id] = ray.get(ref, timeout=BENCH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a node that cannot be measured is the finding
             found[node_id] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+    return found
 
 
 def where(node: dict[str, Any], probe: dict[str, Any] | None) -> str:
@@ -122,8 +161,7 @@ def matmul_check(nodes: list[dict[str, Any]], measured: dict[str, Any], probes: 
                  slow_below: float) -> Check:
     failed = {node_id: why for node_id, why in measured.items() if isinstance(why, str)}
     by_id = {n["NodeID"]: n for n in nodes}
-    findings = [Finding(by_id[node_id], device["device"], device["flops"])
-                for node_id, devices in measured.items() if not isinstance(devices, str) for device in devices]
+    findings = device_findings(nodes, measured)
     slow = judge(findings, slow_below)
     if failed:
         found = "; ".join(f"{where(by_id[i], probes.get(i))}: {why}" for i, why in failed.items())

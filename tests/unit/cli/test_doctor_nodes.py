@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.cli import doctor_nodes
 from orchestrator.cli.doctor_nodes import Finding, judge, link_check, link_findings, matmul_check
 
 
@@ -55,6 +56,67 @@ def test_each_gpu_is_judged_on_its_own():
     check = matmul_check(NODES[:2], measured, PROBES, 0.7)
     assert check.warning and "node bbbbbbbbbbbb (host host-b, 10.0.0.98) cuda:1: 300.0 TFLOP/s, 0.43x" in check.detail
     assert "cuda:0" not in check.detail
+
+
+class _SharedHost:
+    """Nodes measured in turns on one clock (a window a tick): `slow` nodes always run at a quarter,
+    and while `busy` another process's load halves whichever node runs then."""
+
+    def __init__(self, slow: set[str] = frozenset(), busy: range = range(0), failing: set[str] = frozenset()):
+        self.slow, self.busy, self.failing = slow, busy, failing
+        self.tick, self.calls = 0, []
+
+    def window(self, node_ids: list[str]) -> dict:
+        self.calls.append(list(node_ids))
+        answers = {}
+        for node_id in node_ids:
+            flops = 100e9 * (0.25 if node_id in self.slow else 1) * (0.5 if self.tick in self.busy else 1)
+            answers[node_id] = ("RayActorError: the node died" if node_id in self.failing else
+                                [{"device": "cpu", "name": "1 thread", "flops": flops}])
+        self.tick += 1
+        return answers
+
+
+def _measure(host: _SharedHost, turns: list[list[str]]) -> dict:
+    nodes = [n for n in NODES if n["NodeID"] in {i for turn in turns for i in turn}]
+    slow = lambda best: bool(judge(doctor_nodes.device_findings(nodes, best), 0.7))  # noqa: E731
+    return doctor_nodes.in_turns(turns, host.window, slow)
+
+
+def test_nodes_of_one_host_take_turns_a_window_at_a_time_so_a_burst_of_load_names_nobody():
+    # a's first three windows' worth of time is loaded: measured a node after another, window by
+    # window, the burst falls on a, b and c alike, and each one's best window is a quiet one.
+    a, b, c, d = (n["NodeID"] for n in NODES)
+    host = _SharedHost(busy=range(0, 6))
+    measured = _measure(host, [[a, d], [b], [c]])
+    assert host.calls == [[a, d], [b], [c]] * doctor_nodes.WINDOWS  # no confirming pass: nobody was slow
+    assert {node_id[0]: devices[0]["flops"] for node_id, devices in measured.items()} == {
+        "a": 100e9, "b": 100e9, "c": 100e9, "d": 100e9}
+
+
+def test_a_node_slow_only_for_a_moment_is_measured_again_and_not_named():
+    # Load on b's every window of the first passes (ticks 1, 3, ... while a and b alternate).
+    a, b = NODES[0]["NodeID"], NODES[1]["NodeID"]
+    host = _SharedHost(busy=range(1, 2 * doctor_nodes.WINDOWS, 2))
+    measured = _measure(host, [[a], [b]])
+    assert len(host.calls) == 2 * (doctor_nodes.WINDOWS + 1)  # one more pass, after which b is no longer slow
+    assert matmul_check(NODES[:2], measured, PROBES, 0.7).warning is False
+
+
+def test_a_node_slow_in_every_window_is_named_after_the_confirming_passes_and_a_failed_one_is_left_alone():
+    a, b, c, d = (n["NodeID"] for n in NODES)
+    host = _SharedHost(slow={c}, failing={d})
+    measured = _measure(host, [[a], [b], [c], [d]])
+    # Every confirming pass, as c stays at a quarter.
+    assert len(host.calls) == 4 * (doctor_nodes.WINDOWS + doctor_nodes.CONFIRM)
+    # d's error is the finding: it is measured no more.
+    assert host.calls[3] == [d] and all(call == [] for call in host.calls[7::4])
+    check = matmul_check(NODES, measured, PROBES, 0.7)
+    assert not check.ok and "dddddddddddd (host host-d, 10.0.0.100): RayActorError: the node died" in check.detail
+    measured.pop(d)
+    check = matmul_check(NODES[:3], measured, PROBES, 0.7)
+    assert check.warning and check.detail.startswith("node cccccccccccc (host host-c, 10.0.0.99) cpu: 25.0 GFLOP/s, "
+                                                     "0.25x its peers' median (100.0 GFLOP/s).")
 
 
 def _links(pairs: dict[tuple[str, str], float]) -> dict[str, dict[str, float]]:
