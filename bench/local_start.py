@@ -1,6 +1,6 @@
 """Start-up in local mode (driver/local.py) against plain torchrun, and the Ray path beside it.
 
-    python bench/local_start.py [--rounds 3] [--no-ray]
+    python bench/local_start.py [--rounds 3] [--no-ray] [--against CHECKOUT]
 
 Two workloads, each side run `--rounds` times in turn, cold (no Ray running), the medians printed:
   script:     bench/local_start_script.py, 24 DDP steps on 2 ranks: plain `torchrun --standalone
@@ -10,6 +10,9 @@ Two workloads, each side run `--rounds` times in turn, cold (no Ray running), th
               (Trainer(devices=2, strategy="ddp") under torchrun, bench/local_start_lightning.py),
               `orchestrator run jobs/quickstart.yaml` (local mode) and with --ray. Both sides
               train TimedClassifier, the quickstart's model noting its first step.
+`--against CHECKOUT` adds, to each workload, local mode run from another checkout of this
+repository (`git worktree add /tmp/prev HEAD~1`), in turn with the rest: a change measured against
+its predecessor in the same hour.
 Each figure is the wall time from the command's start to rank 0's first optimizer step (the time
 it writes to $FIRST_STEP_FILE) and to the command's exit. Prints the ratios ÷ the plain side
 (goal for local mode: <= 1.3 to the exit).
@@ -30,12 +33,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
 
-def _timed(command: list[str], first_step_file: str, env: dict[str, str]) -> tuple[float, float]:
+def _timed(command: list[str], first_step_file: str, env: dict[str, str], cwd: str = REPO) -> tuple[float, float]:
     for path in (first_step_file, first_step_file + ".end"):
         if os.path.exists(path):
             os.remove(path)
     started = time.time()
-    done = subprocess.run(command, cwd=REPO, env={**os.environ, **env, "FIRST_STEP_FILE": first_step_file},
+    done = subprocess.run(command, cwd=cwd, env={**os.environ, **env, "FIRST_STEP_FILE": first_step_file},
                           capture_output=True, text=True, timeout=900)
     ended = time.time()
     # The plain side's exit status is not the test: torch 2.13's gloo at times aborts a rank in its
@@ -77,15 +80,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-ray", dest="ray", action="store_false", help="leave the Ray path out")
+    parser.add_argument("--against", metavar="CHECKOUT", help="local mode from another checkout too")
     args = parser.parse_args()
+    against = os.path.abspath(args.against) if args.against else None
     folder = tempfile.mkdtemp(prefix="local-start-")
     env = {"ORCHESTRATOR_STATE_DIR": os.path.join(folder, "state")}  # no warm cluster of the user's
     try:
         for workload, sides in _sides(folder, args.ray).items():
+            if against:
+                sides["local, --against"] = sides["local mode"]
             got: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
             for _ in range(args.rounds):
                 for side, command in sides.items():
-                    got[side].append(_timed(command, os.path.join(folder, "first-step"), env))
+                    where = ({"cwd": against, "env": {**env, "PYTHONPATH": against}} if side == "local, --against"
+                             else {"env": env})
+                    got[side].append(_timed(command, os.path.join(folder, "first-step"), **where))
             base = next(iter(sides))
             base_first = statistics.median(f for f, _ in got[base])
             base_exit = statistics.median(e for _, e in got[base])

@@ -37,8 +37,10 @@ END_GRACE_S = 0.5
 class Spares:
     """One spare process a local rank, for the next attempt of this agent's ranks."""
 
-    def __init__(self, kind: str, command: list[str], cwd: str):
+    def __init__(self, kind: str, command: list[str], cwd: str, first: bool = False):
         self.modules, self.command, self.cwd = ",".join(SPARE_MODULES[kind]), command, cwd
+        # A local run's first ranks (bootstrap.py --first): humble as processes, not as sessions.
+        self.flag = "--first" if first else "--spare"
         self._ready: dict[int, subprocess.Popen] = {}  # local rank -> its spare
         self._attempt_seen = 0
 
@@ -58,7 +60,7 @@ class Spares:
         """A spare for `local_rank`, importing under `env`, unless one waits already."""
         if local_rank not in self._ready:
             self._ready[local_rank] = subprocess.Popen(
-                [sys.executable, BOOTSTRAP, "--spare", self.modules, *self.command], cwd=self.cwd, env=env,
+                [sys.executable, BOOTSTRAP, self.flag, self.modules, *self.command], cwd=self.cwd, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
     def take(self) -> dict[int, subprocess.Popen]:

@@ -172,7 +172,7 @@ def first_spares(job: JobSpec, worker_env: dict[str, str]):
     ranks = job.scaling.num_workers * job.ranks_per_worker
     environ = {**os.environ, **_agent_env(job, worker_env)}
     env = session_env(job, environ, ranks)
-    spares = Spares(job.kind, session_command(), os.getcwd())
+    spares = Spares(job.kind, session_command(), os.getcwd(), first=True)
     for local_rank in range(ranks):
         spares.start(local_rank, env)
     return spares

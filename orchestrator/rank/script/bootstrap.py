@@ -23,17 +23,17 @@ It is run by path, not as `-m orchestrator...`, so that nothing is imported befo
 but the standard library: no Ray, and torch only once the script imports it. The process dies
 with its agent (PR_SET_PDEATHSIG), so a lost Ray worker leaves no rank behind.
 
-    python .../bootstrap.py --spare MODULE[,MODULE...] -m orchestrator.rank.rank_main
+    python .../bootstrap.py (--spare | --first) MODULE[,MODULE...] -m orchestrator.rank.rank_main
 
-is a spare (spares.py): a ctx or Lightning rank of the next attempt, or of a local run's first. It
-imports those modules at niceness 19 (the ranks or the command beside it keep their cores; it
-takes its niceness back where it may: root, RLIMIT_NICE) and waits for its attempt's environment,
-one JSON line on its stdin, then goes on as a rank started afresh would (no line: it ends).
+is a spare (spares.py): a ctx or Lightning rank of the next attempt (--spare), or of a local run's
+first (--first). It imports those modules at niceness 19, a next attempt's as a session too
+(rank/spare.py: the ranks or the command beside it keep their cores; the handover gives its
+priority back) and waits for its attempt's environment, one JSON line on its stdin, then goes on
+as a rank started afresh would (no line: it ends).
 """
 
 import collections
 import faulthandler
-import importlib
 import json
 import os
 import runpy
@@ -56,8 +56,6 @@ LEARN_STEPS = 3
 # Steps whose intervals the median is taken over, and seconds between its updates.
 INTERVALS_KEPT = 64
 MEDIAN_EVERY_S = 0.5
-# A spare's niceness while it imports.
-SPARE_NICENESS = 19
 # Seconds between looks at the main thread's stack, and the frames compared.
 STACK_LOOK_S = 1.0
 STACK_DEPTH = 32
@@ -287,45 +285,21 @@ def _classified(exc: BaseException, target: str) -> dict:
             "fault": record.fault, "step": record.step}
 
 
-def _wait_as_spare(modules: list[str], beat_fd: list) -> bool:
-    """A spare: the optimizer hook in place, `modules` imported, then the attempt's environment
-    from the agent (True), or the end of stdin (False: it was not needed)."""
+def _wait_as_spare(modules: list[str], first: bool, beat_fd: list) -> None:
+    """A spare: the optimizer hook in place, `modules` imported (rank/spare.py, loaded by path as
+    this file is run), then the attempt's environment from the agent (without one it ends there)."""
+    import importlib.util
+
     _count_optimizer_steps(beat_fd)
-    niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    humble = _may_lower_to(niceness)
-    if humble:
-        os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICENESS)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the rank's own import, after the handover, says what is wrong
-            break
-    line = sys.stdin.readline()
-    if not line.strip():
-        return False
-    if humble:  # every thread, those its imports started included (Linux's niceness is per thread)
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
-            except OSError:
-                pass
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spare.py")
+    found = importlib.util.spec_from_file_location("orchestrator_spare", path)
+    spare = importlib.util.module_from_spec(found)
+    found.loader.exec_module(spare)
+    env = spare.wait(modules, session_too=not first)  # the process ends in there if no attempt comes
     os.environ.clear()
-    os.environ.update(json.loads(line))
+    os.environ.update(env)
     # sys.path as the rank's own PYTHONPATH makes it (a local run's first spares start before it is known).
     sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    return True
-
-
-def _may_lower_to(niceness: int) -> bool:
-    """Whether this process may take `niceness` back after raising it: CAP_SYS_NICE, or RLIMIT_NICE."""
-    try:
-        import resource
-
-        with open("/proc/self/status") as f:
-            caps = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
-        return bool(caps & (1 << 23)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
-    except (ImportError, OSError, ValueError, StopIteration):
-        return False
 
 
 def _answer_flight_recorder() -> None:
@@ -351,18 +325,18 @@ def _answer_flight_recorder() -> None:
 
 
 def main(argv: list[str]) -> int:
-    spare = None
-    if argv[:1] == ["--spare"] and len(argv) > 1:
+    spare, first = None, argv[:1] == ["--first"]
+    if argv[:1] in (["--spare"], ["--first"]) and len(argv) > 1:
         spare, argv = [m for m in argv[1].split(",") if m], argv[2:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: bootstrap.py [--spare MODULES] (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
+        print("usage: bootstrap.py [--spare | --first MODULES] (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         return 2
     _die_with_parent()
     _take_niceness()
     _answer_flight_recorder()
     beat_fd: list = [None]
-    if spare is not None and not _wait_as_spare(spare, beat_fd):
-        return 0
+    if spare is not None:
+        _wait_as_spare(spare, first, beat_fd)
     stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
     # chain: after the dump, the signal's default action (the end of the process) runs, before
     # the main thread runs another line of the script.

@@ -1,0 +1,114 @@
+"""A spare's wait (agent/spares.py): its rank's modules imported at the lowest priority, its
+attempt's environment taken the moment it comes. Standard library only: script/bootstrap.py loads
+it by path, as it is run itself (nothing of the package is imported before a rank's own code).
+
+A spare imports what its rank will (torch, Lightning, the harness) while the ranks or the command
+beside it train or start, so it must not take their cores. Three things make its priority right:
+- Linux's niceness is per thread: lowered on the main thread before the imports, every thread
+  they start inherits it, and the handover takes it back on each.
+- Where autogroups are on (most distributions' default), the scheduler shares the CPUs between
+  sessions first, and a thread's niceness only weighs it within its session: a spare, a session
+  of its own, lowers its session's niceness too, or it takes a full session's share from the ranks
+  beside it (45% of a core each, measured on the quickstart). A local run's first ranks, started
+  ahead beside the command's own start, do not: their imports are as much the way to the first
+  step as the command's (a session's share each; yielding it cost the quickstart's first step 0.3 s).
+- The handover may come while the spare still imports (a restart soon after the last): a thread
+  that reads stdin from the start gives the rank's priority back at once, so that no rank starts
+  at niceness 19 (under load, it would beat too late for the hang watchdog).
+It lowers its priority only where it may take it back (root, CAP_SYS_NICE, RLIMIT_NICE).
+"""
+
+import importlib
+import json
+import os
+import sys
+import threading
+
+# A spare's niceness, its threads' and its session's, until its handover.
+SPARE_NICENESS = 19
+
+
+def wait(modules: list[str], session_too: bool = True, stdin=None) -> dict[str, str]:
+    """Import `modules` humbly (`session_too`: as a session as well); the attempt's environment once
+    the agent sends it. At the end of stdin (the spare was not needed) the process ends, at once."""
+    niceness, session = os.getpriority(os.PRIO_PROCESS, 0), session_niceness() if session_too else None
+    humble = may_lower_to(niceness)
+    if humble:
+        os.setpriority(os.PRIO_PROCESS, 0, SPARE_NICENESS)
+        if session is not None:
+            set_session_niceness(SPARE_NICENESS)
+    # Started once lowered, so that a handover at once is not undone by the lowering.
+    handover = Handover(sys.stdin if stdin is None else stdin, (niceness, session) if humble else None)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank's own import, after the handover, says what is wrong
+            break
+    handover.arrived.wait()
+    handover.give_back()  # again: a thread an import started while the handover gave it back
+    return json.loads(handover.line)
+
+
+class Handover:
+    """Reads the one line the agent sends, and gives the spare its rank's priority the moment it comes."""
+
+    def __init__(self, stdin, niceness: tuple[int, int | None] | None):
+        self.niceness = niceness  # the rank's and its session's; None: never lowered, nothing to give back
+        self.line = ""
+        self.arrived = threading.Event()
+        threading.Thread(target=self._read, args=(stdin,), name="orchestrator-spare-handover", daemon=True).start()
+
+    def _read(self, stdin) -> None:
+        try:
+            line = stdin.readline()
+        except (OSError, ValueError):
+            line = ""
+        if not line.strip():
+            os._exit(0)  # not needed: the rest of its imports would be a waste of a core
+        self.give_back()
+        self.line = line
+        self.arrived.set()
+
+    def give_back(self) -> None:
+        if self.niceness is None:
+            return
+        niceness, session = self.niceness
+        if session is not None:
+            set_session_niceness(session)
+        # The main thread first: a thread it starts from now on inherits the rank's niceness.
+        main = threading.main_thread().native_id
+        for tid in [main, *(int(t) for t in os.listdir("/proc/self/task") if int(t) != main)]:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+            except OSError:
+                pass  # a thread that just ended
+
+
+def session_niceness() -> int | None:
+    """This process's session's niceness (its scheduler autogroup's), or None without autogroups."""
+    try:
+        with open("/proc/self/autogroup") as f:  # "/autogroup-123 nice 0"
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_session_niceness(niceness: int) -> None:
+    """The niceness of this process's session (its scheduler autogroup)."""
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(niceness))
+    except OSError:
+        pass  # no autogroups in this kernel: the threads' own niceness is all there is
+
+
+def may_lower_to(niceness: int) -> bool:
+    """Whether this process may take `niceness` back after raising it: CAP_SYS_NICE, or RLIMIT_NICE."""
+    try:
+        import resource
+
+        with open("/proc/self/status") as f:
+            caps = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
+        return bool(caps & (1 << 23)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
+    except (ImportError, OSError, ValueError, StopIteration):
+        return False
