@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from orchestrator.failures import is_user_file
-from orchestrator.protocol import Beat
+from orchestrator.protocol import Beat, RunWarning
+from orchestrator.rank import build_lock
 from orchestrator.rank.script.bootstrap import BEAT_FILE_VAR, WORK_OFFSET
 
 log = logging.getLogger("orchestrator.worker")
@@ -48,7 +49,8 @@ WORKING, FINISHED = "working", "finished"
 
 class Heartbeat:
     def __init__(self, monitor, attempt: int, rank: int, *, node_id: str = "",
-                 flush_logs: Callable[[], None] = lambda: None, interval_s: float = HEARTBEAT_INTERVAL_S):
+                 flush_logs: Callable[[], None] = lambda: None, interval_s: float = HEARTBEAT_INTERVAL_S,
+                 stale_lock_after_s: float = build_lock.STALE_AFTER_S):
         self.monitor, self.attempt, self.rank = monitor, attempt, rank
         self.node_id = node_id
         self.step = 0
@@ -63,6 +65,7 @@ class Heartbeat:
         self._training_thread = threading.get_ident()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="orchestrator-heartbeat", daemon=True)
+        self._locks = build_lock.StaleLockWatch(stale_lock_after_s)
         beat_file = os.environ.get(BEAT_FILE_VAR)
         try:
             self._beat_fd = os.open(beat_file, os.O_RDONLY) if beat_file else None
@@ -117,7 +120,7 @@ class Heartbeat:
     def _beat(self) -> Beat:
         idle = time.monotonic() - self._since
         return Beat(rank=self.rank, step=self.step, phase=self.phase, idle_s=idle, node_id=self.node_id,
-                    pid=os.getpid(), frame=self._frame() if idle > 2 else "", work_s=self._own_work())
+                    pid=os.getpid(), frame=self._where(idle), work_s=self._own_work())
 
     def _own_work(self) -> float | None:
         """The median seconds of this rank's own work a step, as its bootstrap notes it in the beat
@@ -130,10 +133,15 @@ class Heartbeat:
             return None
         return work or None
 
-    def _frame(self) -> str:
-        """Where the training thread stands: its innermost frame in the user's own code, and the
-        innermost frame of all (`at train.py:88 in train_loop, in threading.py:355 wait`)."""
-        frame = sys._current_frames().get(self._training_thread)
+    def _where(self, idle: float) -> str:
+        """Where the training thread stands, once it has stood still a while: its innermost frame
+        in the user's own code, and the innermost frame of all (`at train.py:88 in train_loop, in
+        threading.py:355 wait`), with the lock it waits for if it is torch's build lock, which
+        the run hears of once no build holds it (build_lock.py)."""
+        frame = sys._current_frames().get(self._training_thread) if idle > 2 else None
+        lock = build_lock.waited_on(frame)
+        if self._locks.observe(lock, time.monotonic()):
+            self._tell(RunWarning(message=build_lock.warning(lock, self.node_id, self._locks.stale_after_s)))
         if frame is None:
             return ""
         innermost, own = frame, None
@@ -142,7 +150,14 @@ class Heartbeat:
                 own = frame
             frame = frame.f_back
         parts = [_where(f) for f in (own, innermost) if f is not None]
-        return "at " + ", in ".join(dict.fromkeys(parts))
+        return "at " + ", in ".join(dict.fromkeys(parts)) + (f", waiting for torch's build lock {lock}" if lock else "")
+
+    def _tell(self, warning: RunWarning) -> None:
+        try:
+            self.monitor.send(warning)
+        except Exception:  # noqa: BLE001 - the rank's own log has it still
+            pass
+        log.warning("%s", warning.message)
 
     def _end_process(self, reason: str) -> None:
         log.error("ending rank %d now: %s (the newest committed checkpoint is kept)", self.rank, reason)
