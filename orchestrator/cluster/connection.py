@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.exceptions import AuthenticationError
 
+from orchestrator.cluster import own_address
 from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
 from orchestrator.cluster.records import reap_orphans, record_path
 from orchestrator.errors import UserError
@@ -89,7 +90,8 @@ def connect(address: str | None, job_env: dict[str, str] | None = None, job_name
         problem = ray_imported_too_early(address)
         if problem:
             raise UserError(problem)
-        env = {k: v for k, v in (job_env or {}).items() if k not in _job_runtime_env_keys()}
+        env = {k: v for k, v in {**own_address.joined(address), **(job_env or {})}.items()
+               if k not in _job_runtime_env_keys()}
         if env:
             init_kwargs["runtime_env"] = {"env_vars": env}
         if job_name and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
@@ -98,7 +100,7 @@ def connect(address: str | None, job_env: dict[str, str] | None = None, job_name
         return Connection(False, address, _session_dir(), warm=warm is not None, notes=notes)
     reap_orphans()
     saved_auth = _own_token()
-    with _environment(job_env or {}):
+    with _environment({**own_address.embedded(), **(job_env or {})}):
         # A cluster of its own: without address="local", ray.init() joins the newest cluster that
         # `ray start` began on this machine, if it still runs (another user's head, a test's): the
         # run would then wait for that cluster's CPUs or import modules from its workers' paths.

@@ -9,8 +9,6 @@ a default route, else inside a network namespace of their own that has one.
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
 import os
 import subprocess
@@ -20,6 +18,7 @@ import time
 import pytest
 import yaml
 from conftest import REPO
+from other_cluster import free_port, plain_head
 
 from orchestrator.processes import end_processes, session_pids
 
@@ -181,47 +180,6 @@ def test_the_warm_cluster_on_a_routable_host_takes_three_runs_at_once_and_leaves
     assert not os.path.exists(record["temp_dir"]) and not record_path.exists()
 
 
-@contextlib.contextmanager
-def plain_head(prefix, env):
-    """A head started by plain `ray start --head` (Ray's default temp dir, so it is the machine's
-    "newest cluster"), with no CPUs, on loopback: the cluster another user or test may have up."""
-    head_env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's own loopback-only head, as documented
-    port = str(_free_port())
-    done = subprocess.run([*prefix, os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
-                           "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
-                           "--include-dashboard=false", "--disable-usage-stats"],
-                          capture_output=True, text=True, env=head_env, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    session = None
-    try:
-        session = _session_of_gcs_port("/tmp/ray", port)
-        yield f"127.0.0.1:{port}"
-    finally:
-        if session is not None:
-            end_processes(session_pids(session), grace_s=2)
-        with contextlib.suppress(FileNotFoundError):  # Ray's pointer to the newest cluster, now gone
-            if port in open("/tmp/ray/ray_current_cluster").read():
-                os.unlink("/tmp/ray/ray_current_cluster")
-
-
-def _session_of_gcs_port(temp_dir: str, port: str) -> str:
-    """The session folder of the head whose GCS listens on `port`: Ray writes the port into it.
-    (Not session_latest: a cluster that another test starts meanwhile moves that link.)"""
-    for path in glob.glob(os.path.join(temp_dir, "session_2*", "gcs_server_port_*")):
-        with open(path) as f:
-            if f.read().strip() == port:
-                return os.path.dirname(path)
-    raise AssertionError(f"no session folder in {temp_dir} names GCS port {port}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(600)
 def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stale_warm_record_is_removed_and_said(
         tmp_path, routable_host):
@@ -230,7 +188,7 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
     # says so, and goes on embedded like the second.
     stale_state = tmp_path / "stale-state"
     stale_state.mkdir()
-    dead = {"address": f"127.0.0.1:{_free_port()}", "session_dir": str(tmp_path / "gone"),
+    dead = {"address": f"127.0.0.1:{free_port()}", "session_dir": str(tmp_path / "gone"),
             "temp_dir": str(tmp_path / "gone-temp"), "token": "x" * 64, "started_at": time.time() - 3600,
             "keeper_pid": 0}
     (stale_state / "warm-cluster.json").write_text(json.dumps(dead))
@@ -238,7 +196,7 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
     names = [f"lr-{i}" for i in range(2)]
     # A short capacity wait: a run that joined the other cluster (no CPUs) would fail in 20 s.
     specs = [tiny_spec(tmp_path, name, failure={"capacity_timeout_s": 20}) for name in names]
-    with plain_head(routable_host, env):
+    with plain_head(env, tuple(routable_host)):
         # --ray: each on an embedded cluster of its own (a run of one node goes in local mode by default).
         outcomes, wall = run_together(routable_host, specs, [{**env, "ORCHESTRATOR_STATE_DIR": str(stale_state)}, env],
                                       args=("--ray",))
@@ -260,7 +218,7 @@ def test_two_runs_at_once_beside_another_cluster_each_start_their_own_and_a_stal
 @pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
 def test_a_driver_that_cannot_reach_its_cluster_fails_within_a_minute_in_one_paragraph(tmp_path, routable_host, how):
     env = user_env(tmp_path)
-    nowhere = f"127.0.0.1:{_free_port()}"
+    nowhere = f"127.0.0.1:{free_port()}"
     args = ["run", tiny_spec(tmp_path, "nowhere")]
     if how == "--address":
         args += ["--address", nowhere]

@@ -182,14 +182,14 @@ def slow_loop(ctx) -> None:
     """jobs.digits_torch's loop, slowed down so it can be interrupted from outside (driver kill,
     ray job stop); with `mark_at` and `marker` in its config it announces that step, and with
     `hold_s` rank 0 then waits that long once, so the run is still there however long the test
-    takes to act on the marker. A stop the driver asks for ends the wait at once (the rank's
-    heartbeat heard it), so that the stop checkpoint comes within the stop's grace however long
-    the wait."""
+    takes to act on the marker; with `release` too, only until that file exists. A stop the
+    driver asks for ends the wait at once (the rank's heartbeat heard it), so that the stop
+    checkpoint comes within the stop's grace however long the wait."""
     import time
 
     sleep_s = ctx.config.pop("sleep_s", 0.2)
     marker, mark_at = ctx.config.pop("marker", None), ctx.config.pop("mark_at", None)
-    hold_s = ctx.config.pop("hold_s", 0.0)
+    hold_s, release = ctx.config.pop("hold_s", 0.0), ctx.config.pop("release", None)
     _record_env(ctx, ctx.config.pop("env_record", None))
     original_step = ctx.step
 
@@ -200,7 +200,8 @@ def slow_loop(ctx) -> None:
             _mark(marker, ctx.global_step, mark_at, ctx.rank)
             if os.path.exists(marker):
                 heartbeat, until = getattr(ctx._session, "heartbeat", None), time.monotonic() + hold_s
-                while time.monotonic() < until and not getattr(heartbeat, "stop_requested", False):
+                while (time.monotonic() < until and not getattr(heartbeat, "stop_requested", False)
+                       and not (release and os.path.exists(release))):
                     time.sleep(0.1)
 
     ctx.step = step
