@@ -37,6 +37,9 @@ def test_a_run_keeps_its_placement_group_when_another_cluster_with_a_dashboard_c
     spec = torch_spec("beside", tmp_path, loop="faulty:slow_loop", sleep_s=0.05, mark_at=5, marker=str(marker),
                       hold_s=300, release=str(release))
     spec["torch"]["max_epochs"] = 1
+    # Rank 0's hold (the other head's start, its dashboard's, the window) is no hang, however
+    # long a loaded machine makes it.
+    spec["failure"]["hang_timeout_s"] = 300
     run = BackgroundRun(spec, str(tmp_path), mode="ray")
     try:
         wait_for(marker.exists, timeout=240)
