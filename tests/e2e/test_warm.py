@@ -17,8 +17,8 @@ import time
 
 import pytest
 import yaml
-from conftest import REPO
-from other_cluster import free_port, plain_head
+from conftest import REPO, free_port
+from other_cluster import plain_head
 
 from orchestrator.processes import end_processes, session_pids
 

@@ -7,23 +7,18 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 
+from conftest import free_port
+
 from orchestrator.processes import end_processes, session_pids
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 POINTER = "/tmp/ray/ray_current_cluster"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -32,8 +27,8 @@ def plain_head(env: dict[str, str], prefix: tuple[str, ...] = (), dashboard: boo
     `dashboard`, Ray's dashboard on a free loopback port, answering before this yields. Yields its
     `address` and `dashboard` URL ("" without one)."""
     head_env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's own loopback-only head, as documented
-    port = str(free_port())
-    ports = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
+    port, dashboard_port = str(free_port()), free_port()
+    ports = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
               f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"]
              if dashboard else ["--include-dashboard=false"])
     done = subprocess.run([*prefix, RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
@@ -43,9 +38,8 @@ def plain_head(env: dict[str, str], prefix: tuple[str, ...] = (), dashboard: boo
     session = None
     try:
         session = _session_of_gcs_port("/tmp/ray", port)
-        url = ""
+        url = f"http://127.0.0.1:{dashboard_port}" if dashboard else ""
         if dashboard:
-            url = "http://127.0.0.1:" + next(a.split("=")[1] for a in ports if a.startswith("--dashboard-port"))
             _wait_until_it_answers(url + "/api/version")
         yield {"address": f"127.0.0.1:{port}", "dashboard": url}
     finally:
