@@ -80,11 +80,17 @@ class Started(NamedTuple):
 
 def start(job: JobSpec, address: str | None, requested: str = AUTO) -> Started:
     """Choose the mode from the spec's first, import-free pass (nothing the full validation adds
-    changes it), and for local mode start the first attempt's ranks at once (`first_spares`)."""
+    changes it), and for local mode start the first attempt's ranks at once (`first_spares`), once
+    they are known to fit on this machine: a run refused for its size starts none of them (before,
+    a spec's num_workers of 64 started 64 ranks importing torch, and the refusal came 90 s later)."""
     from orchestrator.cluster.environment import worker_env
 
     mode = choose(job, address, requested)
-    return Started(mode, first_spares(job, worker_env(job.env)) if mode.local else None)
+    if not mode.local:
+        return Started(mode, None)
+    if not job.scaling.use_gpu:  # (a GPU job starts no ranks ahead; its check imports torch, later)
+        check_fits_here(job)
+    return Started(mode, first_spares(job, worker_env(job.env)))
 
 
 def check_fits_here(job: JobSpec) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -28,6 +29,12 @@ pytestmark = pytest.mark.slow
 
 HANG_TIMEOUT_S = 8
 HELPERS = os.path.join(REPO, "tests", "helpers")
+
+
+def _cpu_of_children() -> float:
+    """CPU seconds of this process's ended children, and of every process they waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _first_line(output: str) -> str:
@@ -284,8 +291,13 @@ def test_local_mode_refuses_what_only_a_cluster_gives_saying_why(tmp_path):
         named.stderr
     spec = torch_spec("too-big", tmp_path)
     spec["scaling"]["num_workers"] = 64
+    before = _cpu_of_children()
     too_big = run_command(spec, str(tmp_path))
+    refusal_cpu_s = _cpu_of_children() - before
     assert too_big.returncode == 2 and "64 worker(s) x 1 rank(s) cannot run on this machine in local mode" in \
         too_big.stderr, too_big.stderr
+    # Refused before any of its 64 ranks started: the command's own start (about 4 CPU-s here), not
+    # 64 ranks importing torch until they were ended (190 CPU-s, 90 s of both cores, before the fix).
+    assert refusal_cpu_s < 40, f"the refusal cost {refusal_cpu_s:.0f} CPU-s: ranks were started before it"
     for done in (two_nodes, elastic, named, too_big):
         assert "Traceback" not in done.stderr and "Fix:" in done.stderr
