@@ -9,7 +9,6 @@ they started (sessions.py). `Sweeper` ends what the ranks started if the agent i
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import json
 import logging
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from orchestrator import storage
 from orchestrator.agent import flight_records, sessions
 from orchestrator.failures import is_user_file
-from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR, FAILING_SUFFIX  # what each rank's files hold
+from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR  # what each rank's beat file holds
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -147,14 +146,6 @@ class Child:
         """Whether the script ran to its end (bootstrap.py marks it before the interpreter's exit)."""
         return os.path.exists(self.failure_file + ".returned")
 
-    def failing_for(self) -> float | None:
-        """Seconds since the rank said its training raised and its process is ending
-        (bootstrap.mark_failing); None if it has not."""
-        try:
-            return max(0.0, time.time() - os.stat(self.failure_file + FAILING_SUFFIX).st_mtime)
-        except OSError:
-            return None
-
     def failure(self) -> dict | None:
         """What the bootstrap wrote of an uncaught exception (None: it wrote nothing)."""
         try:
@@ -178,8 +169,6 @@ class LocalRanks:
             rank = placement.rank(local_rank)
             where = os.path.join(attempt, str(local_rank))
             os.makedirs(where, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):  # an earlier group's, in the same folder
-                os.remove(os.path.join(where, "failure.json" + FAILING_SUFFIX))
             env = {**base_env, **placement.torchrun_env(local_rank),
                    # torch's @record writes the script's error here, as under torchrun.
                    "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),

@@ -367,16 +367,10 @@ class Supervisor:
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
             if self.sessions:
                 # A session child beats itself once its session starts; until then, or while its
-                # own beat is overdue though it runs, or once its training raised, the agent beats
-                # for it (session_ranks.py).
-                failing_s = child.failing_for()
-                if failing_s is not None:
-                    beat = self.answers.failing_beat(child.rank, failing_s, self.node_id, child.process.pid)
-                elif self.answers.beats_itself(child.rank):
-                    beat = self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
-                else:
-                    beat = self.answers.starting_beat(child.rank, now - child.started, self.node_id,
-                                                      child.process.pid)
+                # own beat is overdue though it runs, the agent beats for it (session_ranks.py).
+                beat = (self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
+                        if self.answers.beats_itself(child.rank) else
+                        self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
                 if beat is not None:
                     replies.append(self.monitor.beat.remote(attempt, beat))
                 continue

@@ -32,7 +32,6 @@ from orchestrator.rank.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.rank.identity import RankIdentity
 from orchestrator.rank.metric_values import metric_floats
 from orchestrator.rank.rng import capture_rng
-from orchestrator.rank.script.bootstrap import mark_failing
 from orchestrator.rank.snapshot import SnapshotBuffers
 from orchestrator.rank.train_state import Progress
 from orchestrator.run_dir import RunDir, storage_marker_problem
@@ -378,16 +377,6 @@ class WorkerSession:
         for problem in report.problems:
             self.monitor.send(RunWarning(message=f"checkpoint retention: {problem}"))
 
-    def failing(self) -> None:
-        """The training raised, and the process ends once the exception is through its handlers:
-        said at once, in the heartbeat and to the agent (bootstrap.mark_failing), so that the time
-        they take (a Lightning logger marking its run failed, a user's on_exception) is the
-        `finishing` phase's, not a rank in training that took no step: a hang verdict there would
-        restart a user's bug as a hang instead of failing the run on it."""
-        if self.heartbeat is not None:
-            self.heartbeat.enter(FINISHING)
-        mark_failing()
-
     def abandon(self) -> None:
         """The training loop raised: still commit the checkpoint already handed to the writer.
 
@@ -395,7 +384,8 @@ class WorkerSession:
         away work that was promised to the user. A failure of that write is only logged here,
         so the loop's own exception is the one that reaches the driver.
         """
-        self.failing()
+        if self.heartbeat is not None:
+            self.heartbeat.enter(FINISHING)
         if self.writer is not None:
             try:
                 self.writer.close()

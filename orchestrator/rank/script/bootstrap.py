@@ -50,9 +50,6 @@ BEAT = struct.Struct("<qdddd")
 STACK_OFFSET, WORK_OFFSET = 24, 32
 # Where the node's agent tells each rank its beat file is; and the signal and file of its flight recorder.
 BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = "ORCHESTRATOR_BEAT_FILE", "ORCHESTRATOR_FR_SIGNAL", "ORCHESTRATOR_FR_FILE"
-# Beside the failure file: the rank's training raised and its process is on its way out
-# (`mark_failing`); the agent beats "finishing" for it until it exits (agent/supervisor.py).
-FAILING_SUFFIX = ".failing"
 # Steps whose own work the median is taken over, and the steps the top-level modules are found in.
 WORK_KEPT = 16
 LEARN_STEPS = 3
@@ -381,19 +378,6 @@ def main(argv: list[str]) -> int:
         return 1
     _returned()
     return 0
-
-
-def mark_failing() -> None:
-    """Say, beside the failure file, that the rank's training raised and its process is ending: what
-    comes before its exit (Lightning's on_exception hooks and teardown, a logger marking its run
-    failed, the traceback and this file's record) may take longer than the hang timeout, and is
-    no hang. Called by the rank's own code (rank/session.py), as the exception leaves the training."""
-    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
-    if path:
-        try:
-            open(path + FAILING_SUFFIX, "w").close()
-        except OSError:  # the agent then judges the rank as before: by its heartbeat
-            pass
 
 
 def _returned() -> None:
