@@ -81,7 +81,7 @@ def run(spec: JobSpec | Mapping[str, Any] | str | os.PathLike, *, address: str |
                 cleanup.callback(_started.spares.close)
         chosen, spares = _started
         job = resolve_spec(spec, flat)
-        if chosen.local:
+        if chosen.local:  # again on the validated spec; a GPU job's first check (local.start leaves it here)
             local.check_fits_here(job)
         say(chosen.line)
         for note in chosen.notes:

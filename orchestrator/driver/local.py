@@ -82,7 +82,7 @@ def start(job: JobSpec, address: str | None, requested: str = AUTO) -> Started:
     """Choose the mode from the spec's first, import-free pass (nothing the full validation adds
     changes it), and for local mode start the first attempt's ranks at once (`first_spares`), once
     they are known to fit on this machine: a run refused for its size starts none of them (before,
-    a spec's num_workers of 64 started 64 ranks importing torch, and the refusal came 90 s later)."""
+    a spec's num_workers of 64 started 64 ranks importing torch, and the refusal came 112 s later)."""
     from orchestrator.cluster.environment import worker_env
 
     mode = choose(job, address, requested)

@@ -296,8 +296,8 @@ def test_local_mode_refuses_what_only_a_cluster_gives_saying_why(tmp_path):
     refusal_cpu_s = _cpu_of_children() - before
     assert too_big.returncode == 2 and "64 worker(s) x 1 rank(s) cannot run on this machine in local mode" in \
         too_big.stderr, too_big.stderr
-    # Refused before any of its 64 ranks started: the command's own start (about 4 CPU-s here), not
-    # 64 ranks importing torch until they were ended (190 CPU-s, 90 s of both cores, before the fix).
+    # Refused before any of its 64 ranks started: the command's own start (0.8 CPU-s here), not 64
+    # ranks importing torch until they were ended (193 CPU-s, 112 s, before the fix).
     assert refusal_cpu_s < 40, f"the refusal cost {refusal_cpu_s:.0f} CPU-s: ranks were started before it"
     for done in (two_nodes, elastic, named, too_big):
         assert "Traceback" not in done.stderr and "Fix:" in done.stderr
