@@ -9,6 +9,7 @@ they started (sessions.py). `Sweeper` ends what the ranks started if the agent i
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import json
 import logging
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from orchestrator import storage
 from orchestrator.agent import flight_records, sessions
 from orchestrator.failures import is_user_file
-from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR  # what each rank's beat file holds
+from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR, FAILING_SUFFIX  # what each rank's files hold
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -118,6 +119,8 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
+    # Ended by its agent while on its way out with an error (LocalRanks.end_failing).
+    ended_failing: bool = False
 
     def progress(self) -> RankProgress:
         try:
@@ -146,6 +149,14 @@ class Child:
         """Whether the script ran to its end (bootstrap.py marks it before the interpreter's exit)."""
         return os.path.exists(self.failure_file + ".returned")
 
+    def failing_for(self) -> float | None:
+        """Seconds since the rank said its training raised and its process is ending
+        (bootstrap.mark_failing); None if it has not."""
+        try:
+            return max(0.0, time.time() - os.stat(self.failure_file + FAILING_SUFFIX).st_mtime)
+        except OSError:
+            return None
+
     def failure(self) -> dict | None:
         """What the bootstrap wrote of an uncaught exception (None: it wrote nothing)."""
         try:
@@ -169,6 +180,8 @@ class LocalRanks:
             rank = placement.rank(local_rank)
             where = os.path.join(attempt, str(local_rank))
             os.makedirs(where, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # an earlier group's, in the same folder
+                os.remove(os.path.join(where, "failure.json" + FAILING_SUFFIX))
             env = {**base_env, **placement.torchrun_env(local_rank),
                    # torch's @record writes the script's error here, as under torchrun.
                    "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),
@@ -190,6 +203,17 @@ class LocalRanks:
 
     def exited(self) -> list[tuple[Child, int]]:
         return [(c, c.process.returncode) for c in self.children if c.process.poll() is not None]
+
+    def end_failing(self, grace_s: float) -> None:
+        """End each child whose training raised more than `grace_s` ago (bootstrap.mark_failing) and
+        that still runs: an exception handler or a teardown that does not return (NCCL's after a
+        peer's death is known for it). Its error, written as it raised, is its outcome (outcome.py)."""
+        for child in self.children:
+            failing_s = child.failing_for() if not child.ended_failing else None
+            if failing_s is not None and failing_s > grace_s and child.process.poll() is None:
+                log.warning("rank %d did not end within %.0f s of its error; ending it", child.rank, grace_s)
+                child.ended_failing = True
+                _signal(child, signal.SIGKILL)
 
     def flight_records(self) -> dict[int, dict]:
         """Each live, running child's last collectives, from torch's flight recorder (flight_records.py)."""

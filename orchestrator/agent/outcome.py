@@ -26,6 +26,9 @@ def failure_of(child, node_id: str, hostname: str) -> dict[str, Any]:
     if record is None:  # no Python exception: os._exit, or a crash in native code
         return {**place, "kind": INFRASTRUCTURE, "decisive": False, "where": "",
                 "error": f"the process exited with status {code} without a Python exception"}
+    if child.ended_failing:
+        record = {**record, "note": ("its process had not ended within failure.hang_timeout_s of this error (an "
+                                     "exception handler or a teardown that did not return), and was ended")}
     # A user error decides at once; an infrastructure error or the script's own exit status
     # waits SETTLE_S for a peer's user error that may be its cause (attempts.py).
     return {**place, **record, "decisive": record["kind"] not in (INFRASTRUCTURE, EXIT)}

@@ -30,7 +30,7 @@ from orchestrator.agent.children import Placement
 from orchestrator.agent.rank_start import session_command, session_env
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply
 from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
-from orchestrator.rank.heartbeat import STARTING
+from orchestrator.rank.heartbeat import FINISHING, STARTING
 from orchestrator.rank.identity import DEVICE_VAR, NODE_ID_VAR
 from orchestrator.rank.rank_main import CONFIG_VAR, RankConfig, write_config
 from orchestrator.ray_private import preemption_notice
@@ -108,6 +108,14 @@ class Answers:
     def starting_beat(self, rank: int, idle_s: float, node_id: str, pid: int) -> Beat:
         """The agent's beat for a child that has not beaten yet (imports, the process group)."""
         return Beat(rank=rank, step=0, phase=STARTING, idle_s=idle_s, node_id=node_id, pid=pid)
+
+    def failing_beat(self, rank: int, failing_s: float, node_id: str, pid: int) -> Beat:
+        """The agent's beat for a child whose training raised and whose process is ending
+        (bootstrap.mark_failing): `finishing`, whatever its own last beat said, until the exit
+        brings its failure (its heartbeat thread is closed by then, or held); its agent ends it
+        after a grace (supervisor.py)."""
+        return Beat(rank=rank, step=self.last_step(rank), phase=FINISHING, idle_s=failing_s, node_id=node_id,
+                    pid=pid)
 
     def vouched(self, rank: int, now: float, steps: int, idle_s: float) -> Beat | None:
         """The running child's last beat, aged by the time since, once its own is overdue (else None).

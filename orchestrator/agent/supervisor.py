@@ -93,6 +93,8 @@ class Supervisor:
         self.config, self.spec, self.monitor = config, config.spec, config.monitor
         # A ctx or Lightning rank runs the worker session in the child (session_ranks.py).
         self.sessions = self.spec.kind != "script"
+        # How long a rank whose training raised may take to end before it is ended (children.py).
+        self.failing_grace_s = min(self.spec.failure.hang_timeout_s, self.spec.failure.finish_timeout_s)
         self.k = group.ranks
         self.group = group
         self.worker, self.workers, self.node_id = group.worker, group.workers, group.node_id
@@ -227,6 +229,8 @@ class Supervisor:
                 stop_sent = True
             if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
                 return Verdict(STOPPED)
+            if self.sessions and not reported:
+                self.ranks.end_failing(self.failing_grace_s)
             if not reported and not stop_sent:
                 known, failure = self._outcome()
                 if known and failure is None:
@@ -367,10 +371,17 @@ class Supervisor:
                 continue  # a stopped process answers nothing: its silence is what the watchdog sees
             if self.sessions:
                 # A session child beats itself once its session starts; until then, or while its
-                # own beat is overdue though it runs, the agent beats for it (session_ranks.py).
-                beat = (self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
-                        if self.answers.beats_itself(child.rank) else
-                        self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid))
+                # own beat is overdue though it runs, or once its training raised, the agent beats
+                # for it (session_ranks.py).
+                failing_s = child.failing_for()
+                if failing_s is not None:  # past its grace it is being ended (_watch)
+                    beat = (self.answers.failing_beat(child.rank, failing_s, self.node_id, child.process.pid)
+                            if failing_s <= self.failing_grace_s else None)
+                elif self.answers.beats_itself(child.rank):
+                    beat = self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
+                else:
+                    beat = self.answers.starting_beat(child.rank, now - child.started, self.node_id,
+                                                      child.process.pid)
                 if beat is not None:
                     replies.append(self.monitor.beat.remote(attempt, beat))
                 continue

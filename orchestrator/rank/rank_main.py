@@ -92,10 +92,7 @@ def main() -> None:
         harness(session)
         ended_well = True
     except BaseException as exc:
-        session.abandon()
-        # The global step it was raised at (the last completed; None before the group trained).
-        if session.heartbeat is not None:
-            exc.orchestrator_step = max(session.heartbeat.step, session.last_save_step, 0)
+        session.abandon(exc)  # notes the step it was raised at
         raise  # printed and classified by the bootstrap, for the agent
     finally:
         # After a failure a peer may be gone: destroying the group could wait on it.

@@ -32,6 +32,7 @@ from orchestrator.rank.heartbeat import CHECKPOINT, FINISHING, Heartbeat
 from orchestrator.rank.identity import RankIdentity
 from orchestrator.rank.metric_values import metric_floats
 from orchestrator.rank.rng import capture_rng
+from orchestrator.rank.script.bootstrap import mark_failing
 from orchestrator.rank.snapshot import SnapshotBuffers
 from orchestrator.rank.train_state import Progress
 from orchestrator.run_dir import RunDir, storage_marker_problem
@@ -377,20 +378,37 @@ class WorkerSession:
         for problem in report.problems:
             self.monitor.send(RunWarning(message=f"checkpoint retention: {problem}"))
 
-    def abandon(self) -> None:
-        """The training loop raised: still commit the checkpoint already handed to the writer.
+    def failing(self, exc: BaseException) -> None:
+        """The training raised `exc`, and the process ends once it is through its handlers: said at
+        once, in the heartbeat and to the agent with the error's record (bootstrap.mark_failing),
+        so that the time they take (a Lightning logger marking its run failed, a user's
+        on_exception) is no rank in training that took no step: a hang verdict there would restart
+        a user's bug as a hang instead of failing the run on it. The agent ends a rank still on its
+        way out after failure.hang_timeout_s and reports this error."""
+        # The global step it was raised at (the last completed; None before the group trained):
+        # the same error at the same step after a restart is the data's (monitor/attempts.py).
+        if self.heartbeat is not None:
+            exc.orchestrator_step = max(self.heartbeat.step, self.last_save_step, 0)
+            self.heartbeat.enter(FINISHING)
+        mark_failing(exc)
+
+    def abandon(self, exc: BaseException) -> None:
+        """The training loop raised `exc`: still commit the checkpoint already handed to the writer.
 
         Its snapshot was taken before the error, so it is a valid state; losing it would throw
-        away work that was promised to the user. A failure of that write is only logged here,
-        so the loop's own exception is the one that reaches the driver.
+        away work that was promised to the user. Its wait is a checkpoint's, timed by
+        failure.checkpoint_timeout_s, not the failing rank's grace. A failure of that write is only
+        logged here, so the loop's own exception is the one that reaches the driver.
         """
-        if self.heartbeat is not None:
-            self.heartbeat.enter(FINISHING)
         if self.writer is not None:
+            mark_failing(None)
+            if self.heartbeat is not None:
+                self.heartbeat.enter(CHECKPOINT)
             try:
                 self.writer.close()
-            except Exception as exc:  # noqa: BLE001 - the original error matters more
-                log.warning("the checkpoint in flight when training failed was not committed: %s", exc)
+            except Exception as problem:  # noqa: BLE001 - the original error matters more
+                log.warning("the checkpoint in flight when training failed was not committed: %s", problem)
+        self.failing(exc)
         if self.heartbeat is not None:
             self.heartbeat.close()
         _flush_logs()

@@ -261,10 +261,20 @@ def test_a_lightning_module_in_local_mode_survives_a_sigkill_and_a_sigstop_in_pl
 
 @pytest.mark.timeout(300)
 def test_a_bug_in_a_lightning_module_in_local_mode_fails_once_naming_its_line(tmp_path):
-    spec = lightning_spec("buggy", tmp_path, "faulty.BuggyClassifier", raise_at=3)
+    # The failing rank never ends by itself: a callback's on_exception stays in a C call that keeps
+    # the GIL (its heartbeat thread held), after a last heartbeat saying it trains (it pauses 2 s
+    # in the step before raising). It is a rank on its way out with the user's error, not a hang,
+    # and its agent ends it after the hang timeout (not failure.finish_timeout_s, 1800 s). Before,
+    # this was a hang verdict, and the bug was restarted as one.
+    spec = lightning_spec("buggy", tmp_path, "faulty.BuggyClassifier", raise_at=3, pause_s=2.0)
+    spec["lightning"]["callbacks"] = [{"class_path": "faulty.SlowToFail", "init_args": {"seconds": 3600}}]
+    spec["failure"]["hang_timeout_s"] = HANG_TIMEOUT_S
     error = failure_of(run_command(spec, str(tmp_path), mode="local"))
     assert "failed on its first attempt: rank 1: KeyError" in error and "no such feature at step 3" in error, error
     assert "tests/helpers/faulty.py:" in error, error
+    failure = json.loads((tmp_path / "buggy" / "summary.json").read_text())["failures"][0]
+    assert failure["classification"] == "user", failure
+    assert "had not ended within failure.hang_timeout_s of this error" in failure["ranks"][0]["note"], failure
 
 
 @pytest.mark.timeout(300)

@@ -7,6 +7,7 @@ Nothing here changes what is trained: killed and clean runs must end with the sa
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import os
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytorch_lightning
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from jobs.digits import DigitsClassifier
 from jobs.digits_torch import train_loop as digits_train_loop
@@ -153,14 +154,16 @@ class KilledThenFrozenClassifier(FrozenOnceClassifier):
 
 
 class BuggyClassifier(DigitsClassifier):
-    """The quickstart model with a bug: training_step raises on rank 1 at step `raise_at`."""
+    """The quickstart model with a bug: training_step raises on rank 1 at step `raise_at`, after
+    `pause_s` in that step (its heartbeats meanwhile say it trains, at that step)."""
 
-    def __init__(self, raise_at: int, **kwargs):
+    def __init__(self, raise_at: int, pause_s: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self.raise_at = raise_at
+        self.raise_at, self.pause_s = raise_at, pause_s
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == 1 and self.trainer.global_step == self.raise_at:
+            time.sleep(self.pause_s)
             raise KeyError(f"no such feature at step {self.raise_at}")
         return super().training_step(batch, batch_idx)
 
@@ -311,3 +314,16 @@ class ThreeFaultsClassifier(DigitsClassifier):
 
         time.sleep(self._pace_s)
         _fault_once(self._faults, self.trainer.global_step, self.global_rank)
+
+
+class SlowToFail(Callback):
+    """A callback whose `on_exception` takes `seconds` in a C call that keeps the interpreter's
+    lock (as a logger's extension flushing its run as it is marked failed may): Lightning calls it
+    as an exception leaves the training step, before the exception leaves `Trainer.fit`, and no
+    other thread of the rank (its heartbeat's) runs meanwhile."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def on_exception(self, trainer, pl_module, exception):
+        ctypes.PyDLL(None).sleep(self.seconds)  # libc's sleep, called without releasing the GIL

@@ -165,6 +165,13 @@ class OrchestratorCallback(Callback):
         else:
             self.session.progress(self.progress)
 
+    def on_exception(self, trainer, pl_module, exception):
+        """The first of Lightning's handlers of an exception leaving the training (this callback is
+        the first): the rank is failing from now on, whatever the other handlers and Lightning's
+        teardown take before the exception reaches the rank's end (rank_main.py)."""
+        if not isinstance(exception, StopTraining):
+            self.session.failing(exception)
+
     # Validation (and Lightning's sanity check) may take longer than the hang timeout.
     def on_validation_start(self, trainer, pl_module):
         self.session.heartbeat.enter(VALIDATION)

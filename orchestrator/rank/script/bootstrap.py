@@ -50,6 +50,9 @@ BEAT = struct.Struct("<qdddd")
 STACK_OFFSET, WORK_OFFSET = 24, 32
 # Where the node's agent tells each rank its beat file is; and the signal and file of its flight recorder.
 BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = "ORCHESTRATOR_BEAT_FILE", "ORCHESTRATOR_FR_SIGNAL", "ORCHESTRATOR_FR_FILE"
+# Beside the failure file: the rank's training raised and its process is on its way out
+# (`mark_failing`); the agent beats "finishing" for it, and ends it after the hang timeout.
+FAILING_SUFFIX = ".failing"
 # Steps whose own work the median is taken over, and the steps the top-level modules are found in.
 WORK_KEPT = 16
 LEARN_STEPS = 3
@@ -378,6 +381,23 @@ def main(argv: list[str]) -> int:
         return 1
     _returned()
     return 0
+
+
+def mark_failing(exc: BaseException | None) -> None:
+    """Say, beside the failure file, that the rank's training raised `exc` and its process is ending,
+    with the error's record written now: the agent gives the rank failure.hang_timeout_s to end
+    (Lightning's on_exception hooks and teardown, a logger marking its run failed), then ends it and
+    reports this error, never a hang (agent/supervisor.py). None takes the mark back (rank/session.py:
+    a checkpoint commit to wait for first). Called by the rank's own code as the exception leaves."""
+    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    try:
+        if path and exc is None:
+            os.remove(path + FAILING_SUFFIX)
+        elif path:
+            _write_failure(exc, "")
+            open(path + FAILING_SUFFIX, "w").close()
+    except OSError:  # the agent then judges the rank as before: by its heartbeat
+        pass
 
 
 def _returned() -> None:
