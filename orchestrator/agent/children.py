@@ -9,7 +9,6 @@ they started (sessions.py). `Sweeper` ends what the ranks started if the agent i
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import json
 import logging
@@ -180,8 +179,6 @@ class LocalRanks:
             rank = placement.rank(local_rank)
             where = os.path.join(attempt, str(local_rank))
             os.makedirs(where, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):  # an earlier group's, in the same folder
-                os.remove(os.path.join(where, "failure.json" + FAILING_SUFFIX))
             env = {**base_env, **placement.torchrun_env(local_rank),
                    # torch's @record writes the script's error here, as under torchrun.
                    "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),
