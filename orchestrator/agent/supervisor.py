@@ -229,8 +229,6 @@ class Supervisor:
                 stop_sent = True
             if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
                 return Verdict(STOPPED)
-            if self.sessions and not reported:
-                self.ranks.end_failing(self.failing_grace_s)
             if not reported and not stop_sent:
                 known, failure = self._outcome()
                 if known and failure is None:
@@ -353,6 +351,8 @@ class Supervisor:
         ranks, attempt = self.ranks, self.attempt
         now = time.monotonic()
         cpu = sessions.cpu_seconds(ranks.sessions)
+        if self.sessions:  # a rank on its way out past its grace is ended: its exit brings its error
+            ranks.end_failing(self.failing_grace_s)
         replies = []
         for child in ranks.children:
             progress = child.progress()
@@ -374,7 +374,7 @@ class Supervisor:
                 # own beat is overdue though it runs, or once its training raised, the agent beats
                 # for it (session_ranks.py).
                 failing_s = child.failing_for()
-                if failing_s is not None:  # past its grace it is being ended (_watch)
+                if failing_s is not None:  # past its grace it is being ended (above)
                     beat = (self.answers.failing_beat(child.rank, failing_s, self.node_id, child.process.pid)
                             if failing_s <= self.failing_grace_s else None)
                 elif self.answers.beats_itself(child.rank):
