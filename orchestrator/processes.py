@@ -1,11 +1,18 @@
 """Processes found by their own ids (never by a broad name match), and how they are ended: a Ray
-session's (the driver), a lease holder's (checkpoint/lease.py), a scratch folder's owner (rank/scratch.py)."""
+session's (the driver), a lease holder's (checkpoint/lease.py), a scratch folder's owner (rank/scratch.py).
+
+A pid written down names the same process later only on the same host, kernel (boot id) and pid
+namespace, and while the process with that pid has the start time written beside it: a lease
+holder (checkpoint/lease.py) and a warm cluster's keeper (cluster/warm.py) are checked so.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
+from functools import cache
 
 # Seconds a SIGKILLed process is given to be gone: the kernel frees a large process's memory
 # before it ends, which takes a moment, and a caller that returns meanwhile leaves it behind.
@@ -102,3 +109,36 @@ def descendants(pid: int) -> list[int]:
         found.extend(below)
         frontier.extend(below)
     return [p for p in found if is_alive(p)]
+
+
+@cache
+def kernel_and_pid_namespace() -> tuple[str | None, str | None]:
+    """This kernel's boot id and this process's pid namespace (the inode of /proc/self/ns/pid);
+    None for what cannot be read (off Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip() or None
+    except OSError:
+        boot_id = None
+    try:
+        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pid_ns = None
+    return boot_id, pid_ns
+
+
+def pid_started(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_means_here(host: str | None, boot_id: str | None, pid_ns: str | None) -> bool:
+    """Whether a pid recorded with this host, boot id and pid namespace names a process of this
+    host's pid table; False when any of them is unknown (a record that does not say)."""
+    here = (socket.gethostname(), *kernel_and_pid_namespace())
+    theirs = (host, boot_id, pid_ns)
+    return None not in here and here == theirs

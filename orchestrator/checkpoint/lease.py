@@ -39,11 +39,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
-from functools import cache
 
 from orchestrator import storage
 from orchestrator.errors import LeaseLost, UserError
-from orchestrator.processes import is_alive
+from orchestrator.processes import is_alive, kernel_and_pid_namespace, pid_means_here, pid_started
 from orchestrator.run_dir import RunDir
 from orchestrator.storage import Location
 
@@ -148,8 +147,8 @@ class RunLease:
             _wait_until_free(run_dir, current, ttl_s, on_wait)
         generation = (current.holder.generation if current else 0) + 1
         for _ in range(_MAX_ROUNDS):
-            boot_id, pid_ns = _this_kernel_and_pid_namespace()
-            holder = Holder(socket.gethostname(), os.getpid(), _pid_started(os.getpid()), now(), generation,
+            boot_id, pid_ns = kernel_and_pid_namespace()
+            holder = Holder(socket.gethostname(), os.getpid(), pid_started(os.getpid()), now(), generation,
                             uuid.uuid4().hex, now(), None, boot_id, pid_ns)
             rival = _claim(_claim_loc(run_dir, generation), holder)
             if rival is None:
@@ -441,41 +440,15 @@ def _released(signs: list[bytes | None], holder: Holder) -> bool:
     return False
 
 
-@cache
-def _this_kernel_and_pid_namespace() -> tuple[str | None, str | None]:
-    """This kernel's boot id and this process's pid namespace; None for what cannot be read (off Linux)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip() or None
-    except OSError:
-        boot_id = None
-    try:
-        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        pid_ns = None
-    return boot_id, pid_ns
-
-
 def _process_alive(holder: Holder) -> bool | None:
     """Whether the holder's process runs (True) or is gone (False); None where its pid cannot be checked
     from here: another host, another kernel, another pid namespace, or a lease that does not say."""
-    here = (socket.gethostname(), *_this_kernel_and_pid_namespace())
-    theirs = (holder.host, holder.boot_id, holder.pid_ns)
-    if None in here or None in theirs or here != theirs:
+    if not pid_means_here(holder.host, holder.boot_id, holder.pid_ns):
         return None
     if not is_alive(holder.pid):
         return False
-    started = _pid_started(holder.pid)
+    started = pid_started(holder.pid)
     return None in (started, holder.pid_started) or started == holder.pid_started
-
-
-def _pid_started(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None where unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def _claim(loc: Location, holder: Holder) -> Holder | None:

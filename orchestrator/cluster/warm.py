@@ -14,7 +14,11 @@ its own: the keeper adopts and reaps every process of the cluster when `down` st
 terminal that is a subreaper, a container whose init does not reap) keeps every stopped raylet and
 agent as a zombie under the shell that ran `orchestrator up`.
 
-The record holds the cluster's token, so it is written readable by its owner only.
+The record holds the cluster's token, so it is written readable by its owner only. It names the
+keeper by its pid and what tells that pid apart from any later process given it (host, boot id, pid
+namespace, start time: processes.py): a record outlives a reboot, and a home shared by several hosts
+shows it on each. A process is ended by its pid only while it is provably the keeper; else it is
+not touched, as a record of an older version (which does not say) is not.
 """
 
 from __future__ import annotations
@@ -34,7 +38,16 @@ from dataclasses import asdict, dataclass
 from orchestrator.cluster.environment import QUIET_RAY_ENV
 from orchestrator.cluster.records import state_dir
 from orchestrator.errors import UserError
-from orchestrator.processes import descendants, end_processes, session_pids, terminate
+from orchestrator.processes import (
+    descendants,
+    end_processes,
+    is_alive,
+    kernel_and_pid_namespace,
+    pid_means_here,
+    pid_started,
+    session_pids,
+    terminate,
+)
 
 RECORD_NAME = "warm-cluster.json"
 # Seconds `up` waits for `ray start`, and `down` for the processes to end after SIGTERM. Short:
@@ -55,6 +68,24 @@ class WarmCluster:
     keeper_pid: int = 0
     # Ray's dashboard (and Jobs API), http://127.0.0.1:PORT; "" when started without one.
     dashboard: str = ""
+    # What makes keeper_pid the keeper (None in older records: then it is never ended by its pid):
+    # its host, its kernel's boot id, its pid namespace, and its start time (/proc/<pid>/stat field 22).
+    keeper_host: str | None = None
+    keeper_boot_id: str | None = None
+    keeper_pid_ns: str | None = None
+    keeper_started: str | None = None
+
+    def keeper_not_here(self) -> str | None:
+        """Why keeper_pid is not provably this cluster's live keeper; None when it is: the record names
+        this host, kernel and pid namespace, and the process of that pid started when the keeper did."""
+        if self.keeper_pid <= 0 or self.keeper_started is None:
+            return "the record, of an older version, does not say which process is its keeper"
+        if not pid_means_here(self.keeper_host, self.keeper_boot_id, self.keeper_pid_ns):
+            return (f"its keeper, pid {self.keeper_pid}, was on another host, boot or pid namespace "
+                    f"(host {self.keeper_host})")
+        if not is_alive(self.keeper_pid) or pid_started(self.keeper_pid) != self.keeper_started:
+            return f"its keeper, pid {self.keeper_pid}, has ended"
+        return None
 
 
 def _record_path() -> str:
@@ -92,10 +123,14 @@ def current(on_stale: Callable[[str], None] | None = None) -> WarmCluster | None
         return None
     if _answers(warm.address) and session_pids(warm.session_dir):
         return warm
-    _remove(warm)
+    # Gone: a process is ended only if it is provably the keeper; a pid reused since (after a
+    # reboot) or one of another host (a shared home) belongs to someone else.
+    not_here = _remove(warm, end_session=False)
     if on_stale is not None:
-        on_stale(f"the warm local cluster recorded at {warm.address} (`orchestrator up`) is gone; its record "
-                 "was removed, and this run goes without it (`orchestrator up` starts a new warm one)")
+        ended = (f"its record was removed and no process ended ({not_here})" if not_here
+                 else "its keeper was stopped and its record removed")
+        on_stale(f"the warm local cluster recorded at {warm.address} (`orchestrator up`) is gone; {ended}, and "
+                 "this run goes without it (`orchestrator up` starts a new warm one)")
     return None
 
 
@@ -142,8 +177,11 @@ def up(num_cpus: int | None = None, dashboard: bool = True) -> tuple[WarmCluster
         raise UserError(f"`ray start` could not start the warm local cluster: {tail[0]}. Fix: see `ray start --head` "
                         "on this machine, or run without `orchestrator up` (an embedded cluster per run).")
     session_dir = os.path.realpath(session_dir)  # the link names the session's own folder once Ray made it
+    # Read while the keeper is our unreaped child, so its pid cannot have been given to another process.
+    boot_id, pid_ns = kernel_and_pid_namespace()
     warm = WarmCluster(address, session_dir, temp_dir, token, time.time(), keeper.pid,
-                       f"http://{dashboard_address}" if dashboard_address else "")
+                       f"http://{dashboard_address}" if dashboard_address else "", socket.gethostname(), boot_id,
+                       pid_ns, pid_started(keeper.pid))
     fd = os.open(_record_path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(asdict(warm), f)
@@ -154,17 +192,25 @@ def down() -> WarmCluster | None:
     """End the warm cluster's processes and remove its files; the cluster that was up, or None."""
     warm = _recorded()
     if warm is not None:
-        _remove(warm)
+        _remove(warm, end_session=True)
     return warm
 
 
-def _remove(warm: WarmCluster) -> None:
-    _stop(warm.keeper_pid, warm.session_dir)
+def _remove(warm: WarmCluster, end_session: bool) -> str | None:
+    """Remove the cluster's record and stop its keeper's tree if that is provably its live keeper;
+    else (returned: why not), with `end_session`, end what holds files of its session (no pid reused
+    by another process holds those), e.g. a cluster of an older version. Its files go in every case."""
+    not_here = warm.keeper_not_here()
+    if not_here is None:
+        _stop(warm.keeper_pid, warm.session_dir)
+    elif end_session:
+        _end_session(warm.session_dir)
     shutil.rmtree(warm.temp_dir, ignore_errors=True)
     try:
         os.unlink(_record_path())
     except FileNotFoundError:
         pass
+    return not_here
 
 
 def _raylet_up(session_dir: str) -> bool:
@@ -175,15 +221,11 @@ def _raylet_up(session_dir: str) -> bool:
 def _stop(keeper_pid: int, session_dir: str) -> None:
     """Stop the cluster: its keeper first, which stops and reaps its processes; then whatever of
     its tree is left (SIGTERM, a grace, SIGKILL), the keeper last, so that it reaps the others.
+    `keeper_pid` must be the keeper (our child, or as `WarmCluster.keeper_not_here` finds it).
 
     Only the keeper's tree is the cluster. A process outside it that holds files in the session is
     a driver that ran on the cluster (Ray keeps a driver's log files open after `ray.shutdown()`):
-    a user's notebook or script, theirs to end, not ours. A record without a keeper (older ones)
-    has only the session's files to go by."""
-    if keeper_pid <= 0:
-        end_processes(session_pids(session_dir), grace_s=STOP_GRACE_S)
-        end_processes(session_pids(session_dir), grace_s=0)  # started meanwhile
-        return
+    a user's notebook or script, theirs to end, not ours."""
     tree = descendants(keeper_pid)
     terminate([keeper_pid], grace_s=STOP_GRACE_S)
     # Left after the grace: still below the keeper, or adopted elsewhere had the keeper ended.
@@ -191,3 +233,9 @@ def _stop(keeper_pid: int, session_dir: str) -> None:
     end_processes(sorted(set(descendants(keeper_pid)) | {p for p in tree if p in of_session}), grace_s=1.0)
     end_processes(descendants(keeper_pid), grace_s=0)  # started meanwhile
     end_processes([keeper_pid], grace_s=1.0)
+
+
+def _end_session(session_dir: str) -> None:
+    """End a cluster known only by its session's files (a record that names no provable keeper)."""
+    end_processes(session_pids(session_dir), grace_s=STOP_GRACE_S)
+    end_processes(session_pids(session_dir), grace_s=0)  # started meanwhile
