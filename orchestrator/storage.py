@@ -8,6 +8,7 @@ driver's for the spec's `storage:`, which must name the same place on every subm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import threading
@@ -114,17 +115,28 @@ def write_atomic(loc: Location, data: bytes) -> None:
     """Write a whole file so that readers see the old content or the new, never a torn one.
 
     Local filesystems get a temporary name and a rename. Object stores (S3, GCS) publish an object
-    only when its upload completes, so a direct write is already atomic there.
+    only when its upload completes, so a direct write is already atomic there. A write that fails
+    (a full disk: OSError ENOSPC, naming `loc.path`) leaves the old content and no temporary file.
     """
     if loc.is_local:
         parent = posixpath.dirname(loc.path)
         loc.fs.create_dir(parent, recursive=True)
         tmp = f"{loc.path}.tmp-{os.getpid()}-{threading.get_ident()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # durable before it gets the name: a crash never leaves it empty
-        os.replace(tmp, loc.path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # durable before it gets the name: a crash never leaves it empty
+            os.replace(tmp, loc.path)
+        except BaseException as exc:
+            # Its name (pid, thread) is one no later write reuses: left, it would hold the space of
+            # a full disk for good.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno is not None:
+                # A failed write() says only "No space left on device": name the file it was for.
+                raise OSError(exc.errno, f"{exc.strerror} (writing {len(data)} bytes to it)", loc.path) from None
+            raise
         fd = os.open(parent, os.O_RDONLY)
         try:
             os.fsync(fd)
