@@ -1,6 +1,7 @@
 """Lightning data modules as users write them run unchanged, and nothing about their data is
 changed silently: a weighted sampler keeps its weighting, a streaming IterableDataset is shared
-out over the ranks with every sample trained once, and the driver says once how each resumes."""
+out over the ranks with every sample trained once (one that splits itself by rank is kept as
+written, not cut again), and the driver says once how each resumes."""
 
 from __future__ import annotations
 
@@ -42,13 +43,20 @@ def test_a_weighted_sampler_keeps_its_weighting_and_the_progress_bar_and_model_s
 
 
 @pytest.mark.timeout(300)
-def test_a_streaming_iterable_dataset_is_shared_out_over_the_ranks_with_each_sample_once(tmp_path):
-    # 51 samples over 2 ranks: 25 pairs, the last sample (an incomplete pair) left out, so both
-    # ranks run the same number of steps.
+def test_a_streaming_iterable_dataset_is_shared_out_over_the_ranks_with_each_sample_once_unless_split_by_rank(
+        tmp_path):
+    # Epoch 0 streams the same 53 samples on both ranks: 26 pairs, the last sample (an incomplete
+    # pair) left out, so both ranks run the same number of steps. Epoch 1 streams them split by
+    # rank already (torch.distributed.get_rank() in its __iter__): kept as written, all 53 trained
+    # (27 and 26 samples: 7 batches of up to 4 on each rank; cut again, 13 on each).
     # Mixed precision on CPU too: bf16-mixed is what torch supports there.
-    spec, records = lightning_job("stream", tmp_path, "lightning_data_jobs.StreamData", 51, precision="bf16-mixed")
+    spec, records = lightning_job("stream", tmp_path, "lightning_data_jobs.StreamThenRankStreamData", 53,
+                                  precision="bf16-mixed", max_epochs=2, reload_dataloaders_every_n_epochs=1)
     lines = []
     result = run_spec(spec, str(tmp_path), lines=lines)
     assert result.status == "finished", result.error
-    assert sorted(committed_ids(str(records))[0]) == list(range(50))
-    assert len([line for line in lines if "reads an IterableDataset (Stream)" in line]) == 1, lines
+    epochs = committed_ids(str(records))
+    assert sorted(epochs[0]) == list(range(52))
+    assert sorted(epochs[1]) == list(range(53)), "a stream split by rank was cut a second time"
+    assert len([line for line in lines if "reads an IterableDataset (Stream), the same stream" in line]) == 1, lines
+    assert len([line for line in lines if "IterableDataset (RankStream) that is already split by rank" in line]) == 1

@@ -1,7 +1,7 @@
 """Lightning code written the way users write it for a single machine, for the Lightning tests:
-a weighted sampler and a streaming IterableDataset (the model, elastic_jobs.IdsModule, records
-the sample ids of every micro-batch it trains on); a module whose hyperparameters hold a path and
-an enum; a callback of the user's own."""
+a weighted sampler and streaming IterableDatasets, one the same on every rank and one that splits
+itself by rank (the model, elastic_jobs.IdsModule, records the sample ids of every micro-batch it
+trains on); a module whose hyperparameters hold a path and an enum; a callback of the user's own."""
 
 from __future__ import annotations
 
@@ -85,3 +85,22 @@ class StreamData(pl.LightningDataModule):
 
     def train_dataloader(self):
         return DataLoader(Stream(self.samples), batch_size=self.batch_size)
+
+
+class RankStream(Stream):
+    """A stream that splits itself over the ranks, as a reader of a sharded corpus does: it asks
+    torch.distributed in its own __iter__."""
+
+    def __iter__(self):
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        for index in range(rank, len(self.data), world):
+            yield self.data[index]
+
+
+class StreamThenRankStreamData(StreamData):
+    """Epoch 0 reads a Stream, epoch 1 a RankStream (with Trainer(reload_dataloaders_every_n_epochs=1),
+    Lightning asks for the loader again every epoch): one run trains on both kinds."""
+
+    def train_dataloader(self):
+        stream = RankStream if self.trainer.current_epoch >= 1 else Stream
+        return DataLoader(stream(self.samples), batch_size=self.batch_size)

@@ -46,6 +46,7 @@ from orchestrator.rank.identity import agent_devices, rank_device
 from orchestrator.rank.lightning.datamodule import build_datamodule
 from orchestrator.rank.lightning.fsdp import ShardedLightningStrategy, reshard_parts
 from orchestrator.rank.lightning.loggers import build_loggers, continue_logger_runs
+from orchestrator.rank.lightning.stream_split import rank_share
 from orchestrator.rank.metric_values import metric_floats
 from orchestrator.rank.rng import restore_rng, seed_everything
 from orchestrator.rank.scratch import make_scratch
@@ -479,20 +480,20 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
 def _kept_as_written(loader: DataLoader, world: int, rank: int) -> tuple[DataLoader, str] | None:
     """A training loader the global order cannot take over, and what the driver should say about it.
 
-    - An IterableDataset: every rank takes one sample of each `world` consecutive ones of the
-      user's stream (an incomplete last group is dropped, so every rank runs the same steps).
+    - An IterableDataset: a stream that is the same on every rank is cut, every rank taking one
+      sample of each `world` consecutive ones; one that already splits itself by rank is kept as
+      written (stream_split.py tells them apart; collective: every rank gets here together).
     - Its own sampler or batch sampler (a WeightedRandomSampler...): Lightning shards it over the
       ranks as under plain Trainer.fit (DistributedSamplerWrapper), so its weighting is kept.
     Neither has a position to resume from: a resume in the middle of an epoch starts that
     epoch's data again, as Lightning does for such loaders.
     """
-    name = type(loader.dataset).__name__
     if isinstance(loader.dataset, IterableDataset):
-        note = (f"the training loader reads an IterableDataset ({name}): each rank takes one sample of every "
-                f"{world} in a row of its stream, and a resume in the middle of an epoch starts that epoch's "
-                "stream again from its beginning (exact mid-epoch resume needs a map-style Dataset)")
-        return _RankShardedLoader(_RankShard(loader.dataset, world, rank), batch_size=loader.batch_size,
-                                  drop_last=loader.drop_last, **_loader_settings(loader)), note
+        share, note = rank_share(loader.dataset, world, rank)
+        if share is loader.dataset:
+            return loader, note
+        return _RankShardedLoader(share, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                                  **_loader_settings(loader)), note
     custom_batches = loader.batch_sampler is not None and loader.batch_size is None
     sampler = loader.batch_sampler if custom_batches else loader.sampler
     if custom_batches or not isinstance(sampler, (RandomSampler, SequentialSampler)):
@@ -502,21 +503,6 @@ def _kept_as_written(loader: DataLoader, world: int, rank: int) -> tuple[DataLoa
                 "does not apply to it")
         return loader, note
     return None
-
-
-class _RankShard(IterableDataset):
-    """One rank's share of a user's stream: sample `rank` of each `world` consecutive samples."""
-
-    def __init__(self, dataset: IterableDataset, world: int, rank: int):
-        self.dataset, self.world, self.rank = dataset, world, rank
-
-    def __iter__(self):
-        group = []
-        for sample in self.dataset:
-            group.append(sample)
-            if len(group) == self.world:
-                yield group[self.rank]
-                group = []
 
 
 class _RankShardedLoader(DataLoader):
