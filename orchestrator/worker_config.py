@@ -1,5 +1,7 @@
 """WorkerConfig: what the driver hands every node's agent, and each agent its rank children, as one
-typed, frozen record instead of a loose dict (the agent's copy reaches the ranks in their config file)."""
+typed, frozen record instead of a loose dict (the agent's copy reaches the ranks in their config file).
+On Ray it is the agents' train_loop_config, which is how the spec's `env:` reaches them: not in Ray's
+runtime environment, which Ray logs and shows (cluster/connection.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,12 @@ class WorkerConfig:
     # The driver's niceness: a ctx or Lightning job's ranks take it, as a script's take the
     # shell's (Ray starts its workers, the agents, at 15).
     niceness: int = 0
+
+    def __repr__(self) -> str:
+        # Ray Train shows train_loop_config as text (its state API, the dashboard's Train runs),
+        # and the spec's `env:` values are secrets (WANDB_API_KEY): its names only, no value.
+        return (f"WorkerConfig(run={self.spec.name!r}, kind={self.spec.kind!r}, run_uri={self.run_uri!r}, "
+                f"resume_uri={self.resume_uri!r}, env={sorted(self.spec.env)})")
 
     def to_config(self) -> dict[str, Any]:
         return {CONFIG_KEY: self}

@@ -4,12 +4,15 @@ script's: RankStart; a ctx or Lightning rank's: session_command, session_env).
 The environment is torchrun's, built from the Ray worker's (the agent's) without Ray's own
 variables: a rank has no Ray in it, and must not be handed the cluster's address or its auth
 token (RAY_AUTH_TOKEN, on a cluster with token auth). What the user's shell had in front of the
-command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS) and the spec's `env:` come on top.
+command (NCCL_*, TORCH_*, GLOO_*, OMP_NUM_THREADS) and the spec's `env:` come on top. On Ray
+the spec's `env:` reaches the agent in its config, not in Ray's runtime environment (which Ray
+logs and shows: cluster/connection.py); `take_job_env` sets it in the agent's own process.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 
 from orchestrator.agent.children import RAY_TRAIN_VARS, Placement
@@ -75,6 +78,16 @@ def without_ray(environ) -> dict[str, str]:
     """The agent's environment for a rank: no Ray variable (the cluster's address, its auth
     token), and none of Ray Train's process-group variables (the rank gets torchrun's)."""
     return {k: v for k, v in environ.items() if k not in RAY_TRAIN_VARS and not k.startswith(RAY_VARS_PREFIX)}
+
+
+def take_job_env(env: Mapping[str, str]) -> None:
+    """The spec's `env:` in this agent's own process (a Ray Train worker), before it does anything:
+    what it does itself (its storage, with credentials from the environment) sees it, as its ranks
+    do. Python's tempfile keeps the folder it found at its first use: forgotten, so that a TMPDIR
+    of the spec's holds for the agent's scratch too."""
+    os.environ.update(env)
+    if "TMPDIR" in env:
+        tempfile.tempdir = None
 
 
 def session_command() -> list[str]:

@@ -8,6 +8,9 @@ from orchestrator.worker_config import WorkerConfig
 
 
 def train_worker(config: dict[str, Any]) -> None:
+    from orchestrator.agent.rank_start import take_job_env
     from orchestrator.agent.supervisor import train_script
 
-    train_script(WorkerConfig.from_config(config))
+    worker_config = WorkerConfig.from_config(config)
+    take_job_env(worker_config.spec.env)  # not given by Ray (cluster/connection.py runtime_env_vars)
+    train_script(worker_config)

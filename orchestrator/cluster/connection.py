@@ -61,9 +61,11 @@ def connect(address: str | None, job_env: dict[str, str] | None = None, job_name
     the workers alone (RunConfig's worker_runtime_env) lets Ray start the workers from its pool
     of idle processes: a worker-level runtime environment makes every (re)start spawn fresh
     processes, seconds slower. An embedded cluster's processes inherit this process's
-    environment as Ray starts them; joining a cluster, `job_env` becomes the job's runtime
-    environment, less the keys of the `ray job submit` job this driver runs in (Ray refuses a
-    runtime_env that shares a key with the job's own).
+    environment as Ray starts them; joining a cluster, the tunables of `job_env`
+    (`runtime_env_vars`) become the job's runtime environment, less the keys of the `ray job
+    submit` job this driver runs in (Ray refuses a runtime_env that shares a key with the job's
+    own). The rest of a spec's `env:` (its secrets among them) reaches the agents in their
+    config, and each agent sets it for itself and its ranks (agent/worker.py).
 
     `job_name` names the driver's job on a cluster it joins (the Name column of the dashboard's
     Jobs page); a `ray job submit` job keeps the name its submitter gave (--metadata-json).
@@ -90,7 +92,7 @@ def connect(address: str | None, job_env: dict[str, str] | None = None, job_name
         problem = ray_imported_too_early(address)
         if problem:
             raise UserError(problem)
-        env = {k: v for k, v in {**own_address.joined(address), **(job_env or {})}.items()
+        env = {k: v for k, v in runtime_env_vars({**own_address.joined(address), **(job_env or {})}).items()
                if k not in _job_runtime_env_keys()}
         if env:
             init_kwargs["runtime_env"] = {"env_vars": env}
@@ -169,6 +171,22 @@ def _environment(env: dict[str, str]):
         yield
     finally:
         restore_environ(saved)
+
+
+# The variables a job's runtime environment may carry: Ray's runtime-env agent logs it and the
+# dashboard shows it (the Jobs and Actors APIs), so a value of a spec's `env:` must not be in it
+# (WANDB_API_KEY, HF_TOKEN). Only tunables that must be in a process's environment before any of
+# the orchestrator's code runs in it: Ray's (RAY_ADDRESS, the settings Ray's workers and Ray
+# Train's controller read as they start), and torch's, gloo's and NCCL's, which Ray Train's process
+# group among the agents reads as it forms, before the agent sets the rest of the spec's `env:`
+# (agent/rank_start.py take_job_env). PYTHONPATH: Ray's workers import the job's modules by it.
+RUNTIME_ENV_PREFIXES = ("RAY_", "TORCH_", "GLOO_", "NCCL_")
+RUNTIME_ENV_NAMES = frozenset({"PYTHONPATH"})
+
+
+def runtime_env_vars(env: dict[str, str]) -> dict[str, str]:
+    """The variables of `env` a Ray runtime environment may be given (RUNTIME_ENV_PREFIXES)."""
+    return {k: v for k, v in env.items() if k.startswith(RUNTIME_ENV_PREFIXES) or k in RUNTIME_ENV_NAMES}
 
 
 def _job_runtime_env_keys() -> set[str]:

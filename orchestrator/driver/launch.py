@@ -167,7 +167,10 @@ def _on_ray(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease
                      else None) if process_exits else None
             result, error, attempt = _watch(
                 job, layout, choice, run_lease, monitor,
-                lambda config: _build_trainer(job, config, None if connection.job_env_applied else worker_env),
+                # The caller's own ray.init (the Python API): only Ray's tunables in Ray's runtime env,
+                # which it shows and logs; the agents set the rest themselves (agent/worker.py).
+                lambda config: _build_trainer(job, config, None if connection.job_env_applied
+                                              else cluster.runtime_env_vars(worker_env)),
                 say, started, grace)
         finally:
             done = result is not None and error is None and result.status == "finished"

@@ -1,12 +1,16 @@
 """A spec's `env` values are secrets as far as the orchestrator knows (WANDB_API_KEY, HF_TOKEN):
 no checkpoint manifest stores one, and no resume prints one. A manifest keeps a digest of each
 value, so that a resume still says which variable changed; older manifests, which hold the values
-in clear, are read and compared the same way without showing them."""
+in clear, are read and compared the same way without showing them. On Ray the values reach the
+agents in their run's config, not in Ray's runtime environment: no dashboard answer and no Ray log
+holds one."""
 
 from __future__ import annotations
 
 import json
 import os
+import urllib.request
+import uuid
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from orchestrator import storage
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointStore, Manifest, dumps_state
 from orchestrator.checkpoint.manifest import MANIFEST_NAME
 from orchestrator.driver import resume
+from orchestrator.rank.rank_main import CONFIG_VAR
 from orchestrator.spec import validate
 
 SECRET = "s3cr3t-value"
@@ -99,19 +104,69 @@ def test_an_older_manifest_with_a_clear_value_compares_by_value_and_never_shows_
 @pytest.mark.slow
 @pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(400)
-def test_a_run_with_a_secret_in_env_leaves_it_nowhere_in_its_run_directory_or_output(tmp_path):
-    """One real run of the ctx job; then the same spec with another value, which is already
-    finished: the driver prints the spec diff and starts no workers."""
-    spec = torch_spec("secrets", tmp_path / "runs", every=5)
+def test_a_run_with_a_secret_in_env_leaves_it_nowhere_in_its_run_directory_output_dashboard_or_ray_logs(
+        tmp_path, _warm_record, run_temp_dir):
+    """One real run of the ctx job on the warm cluster (a joined one, with Ray's dashboard): its
+    rank has the secret, its agent the spec's TMPDIR (the rank's config file is in the agent's
+    scratch there), and neither the dashboard's Jobs, Train and Actors APIs nor any file of the
+    cluster's session logs holds the secret. A tunable (a TORCH_ variable) still goes through
+    the job's runtime environment: it is found there, so the search finds what is there. Then
+    the same spec with another value, which is already finished: the driver prints the spec diff
+    and starts no workers."""
+    secret, other_secret = f"planted-{uuid.uuid4().hex}", f"planted-{uuid.uuid4().hex}"
+    tunable = f"tunable-{uuid.uuid4().hex}"
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    spec = torch_spec("secrets", tmp_path / "runs", loop="env_jobs:train_loop", every=5,
+                      env_seen={"dir": str(seen), "variables": ["WANDB_API_KEY", CONFIG_VAR]})
     spec["torch"].update(max_steps=5, max_epochs=None)
     spec["scaling"]["num_workers"] = 1
     lines: list[str] = []
-    run_spec({**spec, "env": {"WANDB_API_KEY": SECRET}}, str(tmp_path), lines=lines)
-    run_spec({**spec, "env": {"WANDB_API_KEY": OTHER_SECRET}}, str(tmp_path), lines=lines)
+    env = {"WANDB_API_KEY": secret, "TMPDIR": run_temp_dir, "TORCH_ORCHESTRATOR_TEST_MARK": tunable}
+    run_spec({**spec, "env": env}, str(tmp_path), lines=lines)
+    assert lines[0].startswith("on Ray"), lines[:3]
+    rank = json.loads((seen / "rank-0.json").read_text())
+    assert rank["WANDB_API_KEY"] == secret
+    assert rank[CONFIG_VAR].startswith(run_temp_dir + os.sep), rank
 
+    record = json.loads(open(_warm_record).read())
+    shown = _dashboard_answers(record)
+    assert '"job_name": "secrets"' in shown and '"secrets-' in shown  # the run's job and its Train run
+    assert tunable in shown and secret not in shown
+    logs = os.path.join(record["session_dir"], "logs")
+    assert _holding(logs, tunable)
+    assert _holding(logs, secret) == []
+
+    run_spec({**spec, "env": {**env, "WANDB_API_KEY": other_secret}}, str(tmp_path), lines=lines)
     assert any("already finished at step 5" in line for line in lines), lines
     assert any("env.WANDB_API_KEY changed" in line for line in lines), lines
     output = "\n".join(lines)
-    assert SECRET not in output and OTHER_SECRET not in output
+    assert secret not in output and other_secret not in output
     found = _all_bytes(tmp_path / "runs")
-    assert SECRET.encode() not in found and OTHER_SECRET.encode() not in found
+    assert secret.encode() not in found and other_secret.encode() not in found
+
+
+def _dashboard_answers(record: dict) -> str:
+    """What the warm cluster's dashboard answers about its jobs, Train runs and actors, as JSON text."""
+    answers = []
+    for path in ("/api/jobs/", "/api/train/v2/runs/v1", "/api/v0/actors?detail=1&limit=10000"):
+        request = urllib.request.Request(record["dashboard"] + path,
+                                         headers={"Authorization": f"Bearer {record['token']}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            answers.append(json.dumps(json.load(answer)))
+    return "\n".join(answers)
+
+
+def _holding(root, value: str) -> list[str]:
+    """The files under `root` (Ray's logs, their subfolders too) that hold `value`."""
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    if value.encode() in f.read():
+                        found.append(path)
+            except OSError:  # a socket, or a file gone since it was listed
+                continue
+    return found
