@@ -4,6 +4,8 @@
 child's output into its log (and rank 0's to the driver's console, through the agent), reads
 their optimizer-step counters and liveness, dumps their stacks, and stops them with everything
 they started (sessions.py). `Sweeper` ends what the ranks started if the agent itself is killed.
+Each rank's environment holds its agent's mark (sessions.mark), inherited by all it starts: what
+leaves its session is ended by it, and nothing without it is (a local run's process is its caller's).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class Child:
     reader: threading.Thread | None = None
     # Ended by its agent while on its way out with an error (LocalRanks.end_failing).
     ended_failing: bool = False
+    # The failing mark seen (its inode and mtime) and when first, on the monotonic clock (failing_for).
+    failing_seen: tuple[tuple[int, int], float] | None = None
 
     def progress(self) -> RankProgress:
         try:
@@ -149,12 +153,20 @@ class Child:
         return os.path.exists(self.failure_file + ".returned")
 
     def failing_for(self) -> float | None:
-        """Seconds since the rank said its training raised and its process is ending
-        (bootstrap.mark_failing); None if it has not."""
+        """Seconds since this agent first saw the rank's mark that its training raised and its
+        process is ending (bootstrap.mark_failing); None if there is none. On the monotonic clock
+        from the first look (a beat's, at most a second late), not by the mark's mtime: a step of
+        the wall clock moves that age by any amount, and a rank ended early could take the
+        checkpoint its rank 0 still commits with it. A mark made again is timed afresh."""
         try:
-            return max(0.0, time.time() - os.stat(self.failure_file + FAILING_SUFFIX).st_mtime)
+            stat = os.stat(self.failure_file + FAILING_SUFFIX)
         except OSError:
+            self.failing_seen = None
             return None
+        mark, now = (stat.st_ino, stat.st_mtime_ns), time.monotonic()
+        if self.failing_seen is None or self.failing_seen[0] != mark:
+            self.failing_seen = (mark, now)
+        return now - self.failing_seen[1]
 
     def failure(self) -> dict | None:
         """What the bootstrap wrote of an uncaught exception (None: it wrote nothing)."""
@@ -186,7 +198,8 @@ class LocalRanks:
                    "ORCHESTRATOR_FAILURE_FILE": os.path.join(where, "failure.json"),
                    "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
                    **flight_records.rank_env(base_env, where, log_dir),
-                   "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid())}
+                   "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid()),
+                   sessions.MARK_VAR: scratch}  # inherited: how its orphans are told from others'
             log_path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else os.path.join(where, "output.log")
             process = _hand_over((spares or {}).get(local_rank), env) or subprocess.Popen(
                 [sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -252,15 +265,17 @@ class LocalRanks:
 
 
 class Sweeper:
-    """Ends the ranks' sessions when this agent dies without ending them (SIGKILL, a lost Ray
-    worker): a process of its own session, watching the agent (sessions.py --sweep). The agent
-    lists the current sessions in a file; `close()` removes the file, and the sweeper exits."""
+    """Ends the ranks' sessions, and what carries their mark, when this agent dies without ending
+    them (SIGKILL, a lost Ray worker): a process of its own session, watching the agent
+    (sessions.py --sweep). The agent lists the current sessions in a file; `close()` removes the
+    file, and the sweeper exits."""
 
     def __init__(self, scratch: str):
         self.path = os.path.join(scratch, "sessions")
         sessions.write_sessions(self.path, set())
-        self.process = subprocess.Popen([sys.executable, SESSIONS, "--sweep", str(os.getpid()), self.path],
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, SESSIONS, "--sweep", str(os.getpid()), self.path, sessions.mark(scratch)],
+            stdin=subprocess.DEVNULL, start_new_session=True)
 
     def track(self, sids: set[int]) -> None:
         sessions.write_sessions(self.path, sids)

@@ -44,6 +44,15 @@ class AgentGroup:
         --standalone's do."""
         return cls(0, 1, local_node_id(), "127.0.0.1", ranks, local=True)
 
+    @property
+    def owns_process(self) -> bool:
+        """Whether the agent's process is the orchestrator's own (a Ray Train worker), which may
+        adopt and reap its ranks' orphans (a child subreaper). In local mode it is the caller's (a
+        shell's command, a notebook's kernel, a test runner): its children, its orphans' parent and
+        their exit statuses stay the caller's, and only what carries the ranks' mark is ended
+        (sessions.py `end_marked`)."""
+        return not self.local
+
     def devices(self, k: int, use_gpu: bool) -> str:
         """The devices of this agent's ranks, comma-separated (rank child i trains on the i-th)."""
         if not self.local:

@@ -9,9 +9,15 @@ for the same reason).
 - `members(sid)` and `cpu_seconds(sids)` read /proc: the agent times each rank's liveness by the
   CPU its whole session uses (a rank waiting on its DataLoader workers is alive while they work);
 - `end_sessions(sids)` ends every member: SIGTERM (SIGCONT for a stopped one), SIGKILL after a grace;
-- `python sessions.py --sweep AGENT_PID FILE` is the sweeper: a process the agent starts in a
-  session of its own that outlives it. When the agent dies (SIGKILL, a lost Ray worker), it ends
-  every session listed in FILE (the agent rewrites it at each start of its ranks), then exits.
+- `end_marked(mark(scratch), keep)` ends what left its rank's session (a daemon that called
+  setsid): every process whose environment holds its agent's mark, which each rank is started
+  with (children.py) and everything it starts inherits, wherever the kernel reparented it. Only
+  what carries the mark is ended, and only a subreaper's own adopted zombies are waited for: in
+  local mode the agent runs in its caller's process, whose other children are the caller's;
+- `python sessions.py --sweep AGENT_PID FILE [MARK]` is the sweeper: a process the agent starts in
+  a session of its own that outlives it. When the agent dies (SIGKILL, a lost Ray worker), it ends
+  every session listed in FILE (the agent rewrites it at each start of its ranks) and every
+  process carrying MARK, then exits.
 
 Standard library only: the sweeper runs by path, with nothing of the orchestrator or Ray imported.
 """
@@ -26,6 +32,8 @@ import time
 # prctl(2) options.
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+# The variable each rank's environment holds its agent's mark in (`mark`).
+MARK_VAR = "ORCHESTRATOR_AGENT_SCRATCH"
 # Seconds between the sweeper's looks at its agent.
 SWEEP_POLL_S = 0.5
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -103,19 +111,44 @@ def prctl(option: int, value: int) -> bool:
         return False
 
 
-def children_of(parent: int) -> list[int]:
-    """The live (not yet exited) children of `parent`."""
+def mark(scratch: str) -> str:
+    """The `NAME=value` entry every process of an agent's ranks carries in its environment: the
+    agent's scratch folder, made anew for each agent (rank/scratch.py), so no other agent's, and
+    no process the ranks did not start, has it."""
+    return f"{MARK_VAR}={scratch}"
+
+
+def _live(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def carrying(entry: str) -> list[int]:
+    """Every live process but this one whose environment holds `entry` (`NAME=value`).
+
+    /proc/PID/environ is the environment a process was started with (a fork's is its parent's),
+    so a process keeps its mark through setsid and a move to another parent; one started with an
+    environment of its own choosing drops it. Another user's processes cannot be read, and are
+    none of the agent's."""
+    wanted, me = entry.encode(), os.getpid()
     found = []
     for pid in _pids():
-        fields = _stat(pid)
-        if fields and fields[0] != "Z" and int(fields[1]) == parent:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                held = f.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in held and _live(pid):  # a zombie's reads empty anyway
             found.append(pid)
     return found
 
 
 def reap_adopted(keep: set[int]) -> list[int]:
-    """Wait for this process's exited children that are not in `keep` (the ranks, whose status
-    subprocess reads): orphans adopted as the subreaper. Returns their pids."""
+    """For a subreaper: wait for this process's exited children that are not in `keep` (the
+    ranks, the spares, the sweeper, whose statuses subprocess reads): orphans it adopted. Returns
+    their pids. Never in a caller's process (local mode): its exited children are its own to wait for."""
     me = os.getpid()
     reaped = []
     for pid in _pids():
@@ -131,16 +164,24 @@ def reap_adopted(keep: set[int]) -> list[int]:
     return reaped
 
 
-def end_adopted(keep: set[int], wait_s: float = 2.0) -> None:
-    """For a subreaper: end what its children orphaned outside their sessions (a daemon that
-    called setsid) and it adopted, all but `keep`, and reap every adopted zombie."""
-    me = os.getpid()
-    _signal_all([pid for pid in children_of(me) if pid not in keep], signal.SIGKILL)
+def end_marked(entry: str, keep: set[int], reap: bool = False, wait_s: float = 2.0) -> list[int]:
+    """SIGKILL every process carrying `entry` (its agent's mark) but those of the sessions `keep`
+    (live ranks, the next attempt's spares, the sweeper: each its own session's leader), until none
+    is left or `wait_s` passed: what the ranks started outside their sessions. With `reap` (the
+    agent's own process, a subreaper: the Ray path) the zombies it adopted are waited for too, all
+    but `keep`'s; without it no process is waited for here (the ended ones are their parent's,
+    init's or a caller's own subreaper's). Returns the pids it signalled."""
+    ended: list[int] = []
     deadline = time.monotonic() + wait_s
     while True:
-        reap_adopted(keep)
-        if not [pid for pid in children_of(me) if pid not in keep] or time.monotonic() > deadline:
-            return
+        kept = members(keep)
+        left = [pid for pid in carrying(entry) if pid not in keep and pid not in kept]
+        _signal_all(left, signal.SIGKILL)  # again each look: one may have forked before it died
+        ended += [pid for pid in left if pid not in ended]
+        if reap:
+            reap_adopted(keep)
+        if not left or time.monotonic() > deadline:
+            return ended
         time.sleep(0.05)
 
 
@@ -172,8 +213,9 @@ def _read_sessions(path: str) -> set[int]:
         return set()
 
 
-def sweep(agent_pid: int, path: str) -> int:
-    """The sweeper's loop: once `agent_pid` is gone, end every session listed in `path`."""
+def sweep(agent_pid: int, path: str, entry: str | None = None) -> int:
+    """The sweeper's loop: once `agent_pid` is gone, end every session listed in `path`, and every
+    process carrying `entry`, its agent's mark (what the ranks started outside their sessions)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only its agent's end ends it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -182,12 +224,15 @@ def sweep(agent_pid: int, path: str) -> int:
             break
         time.sleep(SWEEP_POLL_S)
     # The file is gone when the agent ended its ranks itself (a finished or failed run).
+    orphaned = os.path.exists(path)
     end_sessions(_read_sessions(path))
+    if orphaned and entry:
+        end_marked(entry, set())
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "--sweep":
-        print("usage: sessions.py --sweep AGENT_PID FILE", file=sys.stderr)
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "--sweep":
+        print("usage: sessions.py --sweep AGENT_PID FILE [MARK]", file=sys.stderr)
         sys.exit(2)
-    sys.exit(sweep(int(sys.argv[2]), sys.argv[3]))
+    sys.exit(sweep(int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) == 5 else None))

@@ -13,9 +13,9 @@ environment, and watches them:
 - rank 0's output is sent to the driver's console (best effort: a backlog past echo.BACKLOG
   lines is dropped with a note, the log keeps everything); every rank's goes to
   <run>/logs/rank-N.log, on every storage (on an object store, copied there at each attempt's end);
-- nothing the ranks start outlives them: each rank's session is ended with it, this process
-  adopts and reaps what its children orphan (a child subreaper), and a sweeper process ends the
-  ranks' sessions if this one is killed (children.py, sessions.py).
+- nothing the ranks start outlives them, nor is anything else ended: each rank's session goes with
+  it, what left its session (a daemon that called setsid) by the mark the ranks' processes inherit,
+  and a sweeper process ends both if this one is killed (children.py, sessions.py).
 
 The training runs in processes with no Ray in them (a ctx or Lightning job's next ones started
 ahead: spares.py). Only a lost worker or node goes through Ray Train's group restart.
@@ -103,8 +103,8 @@ class Supervisor:
         self.scratch = make_scratch(SCRATCH_PREFIX)
         # Each rank's log: in the run's logs/, or on an object store this scratch's, copied there.
         self.log_dir = config.log_dir or os.path.join(self.scratch, "logs")
-        # Orphans of the ranks' helpers are adopted here, and reaped, wherever they were started.
-        sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 1)
+        if group.owns_process:  # on Ray, the ranks' helpers' orphans are adopted here, and reaped
+            sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 1)
         sessions.take_niceness(config.niceness)  # Ray's workers run at 15; the ranks at the driver's
         self.sweeper = Sweeper(self.scratch)
         # Per rank: its session's CPU seconds at the last beat, and when they last grew.
@@ -164,8 +164,6 @@ class Supervisor:
             if self.link is not None:
                 self.link.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
-            if self.group.local:  # the command's process goes on: orphans are its caller's again
-                sessions.prctl(sessions.PR_SET_CHILD_SUBREAPER, 0)
             self._done()
 
     def _begin(self, k: int) -> dict[str, Any]:
@@ -305,7 +303,8 @@ class Supervisor:
 
     def _end_orphans(self) -> None:
         keep = {c.process.pid for c in self.ranks.children} if self.ranks else set()
-        sessions.end_adopted(keep | {self.sweeper.process.pid} | (self.spares.pids if self.spares else set()))
+        keep |= {self.sweeper.process.pid} | (self.spares.pids if self.spares else set())  # sessions kept
+        sessions.end_marked(sessions.mark(self.scratch), keep, reap=self.group.owns_process)
 
     def _copy_logs(self) -> None:
         """On an object store, every rank's log of this node to <run>/logs/ (whole, each time)."""

@@ -11,6 +11,10 @@ The actor outlives worker-group restarts, so it is also where
   beats name a straggler (`stragglers.py`);
 - the driver's stop request (Ctrl-C, SIGTERM, `ray job stop`) waits for the workers to see it.
 
+Every duration it judges (a rank's silence, a failure's settling, a straggler's spell) is timed on
+time.monotonic(), which a step of the wall clock (NTP, a resumed VM) does not move; the wall clock
+only stamps what is written down (an event's time, the steps' time line, goodput's last steps).
+
 A script's rank-0 output is not an event: it waits in a bounded buffer until the driver takes it
 (`take_output`), so that a script printing for a day costs the monitor and the driver no memory.
 """
@@ -176,7 +180,7 @@ class RunMonitor:
         self._attempt = self._attempts.new_group(workers)
         self._ranks = world_size
         self._agents_done = set()
-        self._watchdog.new_attempt(self._attempt, world_size, time.time())
+        self._watchdog.new_attempt(self._attempt, world_size, time.monotonic())
         self._stragglers.new_attempt(self._attempt)
         self._rank_metrics.new_attempt()
         return AttemptBegun(self._attempt, latest.uri if latest else None)
@@ -191,14 +195,14 @@ class RunMonitor:
 
     def attempt_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
         """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""
-        self._attempts.report(attempt, worker, failure, time.time())
+        self._attempts.report(attempt, worker, failure, time.monotonic())
 
     def attempt_verdict(self, attempt: int) -> Verdict:
         undecided = attempt not in self._attempts.verdicts
-        verdict = self._attempts.verdict(attempt, time.time())
+        verdict = self._attempts.verdict(attempt, time.monotonic())
         if undecided and verdict.action == RESTART:
             self._attempt = verdict.attempt
-            self._watchdog.new_attempt(self._attempt, self._ranks, time.time())
+            self._watchdog.new_attempt(self._attempt, self._ranks, time.monotonic())
             self._stragglers.new_attempt(self._attempt)
             self._rank_metrics.new_attempt()
             self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
@@ -208,17 +212,19 @@ class RunMonitor:
     def beat(self, attempt: int, beat: Beat) -> BeatReply:
         """A rank's heartbeat. The reply tells it whether to end now, or to stop (a hang verdict is
         a failure of the attempt: every rank restarts in place, attempts.py)."""
-        now = time.time()
+        now, wall = time.monotonic(), time.time()
         if beat.rank == 0 and beat.step > self._last_steps.get(attempt, (0, 0.0))[0]:
-            self._last_steps[attempt] = (beat.step, now)
+            self._last_steps[attempt] = (beat.step, wall)
         undecided = self._watchdog.verdict is None
         verdict = self._watchdog.observe(attempt, beat, now)
+        if verdict is not None and undecided:
+            verdict.time = wall  # an event's time is the wall clock's (protocol.Event)
         stop = self._stop_requested is not None
         if beat.phase == TRAINING and attempt == self._attempt:
             self._rank_metrics.seen(beat.rank, beat.step, beat.work_s)
         if attempt == self._attempt and beat.phase not in (STARTING, WORKING):
             # Before its first step a rank's count is not yet the resumed step it goes on from.
-            self._series.seen(beat.rank, attempt, beat.step, now)
+            self._series.seen(beat.rank, attempt, beat.step, wall)
         straggler = self._stragglers.observe(attempt, beat, now)
         if straggler is not None:
             self.push(straggler)
