@@ -12,6 +12,7 @@ logs and shows: cluster/connection.py); `take_job_env` sets it in the agent's ow
 from __future__ import annotations
 
 import os
+import posixpath
 import tempfile
 from collections.abc import Mapping
 
@@ -30,7 +31,7 @@ class RankStart:
 
     def command(self) -> list[str]:
         """The script and its arguments, with {run_dir}, {name} and {storage} filled in."""
-        values = {"{run_dir}": self.run_dir_text(), "{name}": self.spec.name, "{storage}": self.spec.storage}
+        values = {"{run_dir}": self.run_dir_text(), "{name}": self.spec.name, "{storage}": self.storage_text()}
         args = []
         for arg in self.script.args:
             for key, value in values.items():
@@ -42,6 +43,13 @@ class RankStart:
     def run_dir_text(self) -> str:
         location = self.run_dir.location
         return location.path if location.is_local else location.uri
+
+    def storage_text(self) -> str:
+        """The run directory's parent, as the driver resolved it: a local storage absolute and
+        ~-expanded (`~/orchestrator-runs` as written would be a folder named `~` in the script's
+        directory), an object store's URI as the spec gives it."""
+        location = self.run_dir.location
+        return posixpath.dirname(location.path) if location.is_local else self.spec.storage
 
     def cwd(self) -> str:
         """The driver's directory where this node has it (a shared checkout), else this worker's."""
@@ -101,6 +109,9 @@ def session_env(spec: JobSpec, environ: Mapping[str, str], local_world_size: int
     (Here, not in session_ranks.py, which imports torch: a local run's command starts its first
     ranks with it before it imports torch itself.)"""
     env = {**without_ray(environ), **spec.env}
+    # Through a pipe Python would buffer the rank's prints (a killed rank's last lines lost), and
+    # it takes this at its start: a local run's first ranks start with this environment.
+    env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in spec.env:
         # Ray Train's rule for its workers (their CPUs), shared by the worker's ranks: a rank
         # computes with the same threads whether its peers are on its agent or another.

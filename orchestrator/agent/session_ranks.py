@@ -69,8 +69,7 @@ class SessionStart:
         worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
         write_config(path, RankConfig(worker=worker, in_place=in_place))
         env.update({CONFIG_VAR: path, DEVICE_VAR: self.devices, NODE_ID_VAR: self.node_id,
-                    "ORCHESTRATOR_NICENESS": str(self.config.niceness),
-                    "PYTHONUNBUFFERED": "1"})
+                    "ORCHESTRATOR_NICENESS": str(self.config.niceness)})
         return env
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 from orchestrator.agent import sessions
 from orchestrator.agent.children import BOOTSTRAP, LocalRanks
+from orchestrator.agent.flight_records import FR_SIGNAL
+from orchestrator.rank.script.bootstrap import FR_SIGNAL_VAR
 
 # What a spare imports, by the job's kind: what every rank of that kind imports first.
 SPARE_MODULES = {
@@ -39,7 +41,8 @@ class Spares:
 
     def __init__(self, kind: str, command: list[str], cwd: str, first: bool = False):
         self.modules, self.command, self.cwd = ",".join(SPARE_MODULES[kind]), command, cwd
-        # A local run's first ranks (bootstrap.py --first): humble as processes, not as sessions.
+        # A local run's first ranks (bootstrap.py --first): humble as processes, not as sessions;
+        # the spares of its later attempts are a next attempt's like any other (`take`).
         self.flag = "--first" if first else "--spare"
         self._ready: dict[int, subprocess.Popen] = {}  # local rank -> its spare
         self._attempt_seen = 0
@@ -59,6 +62,10 @@ class Spares:
     def start(self, local_rank: int, env: dict[str, str]) -> None:
         """A spare for `local_rank`, importing under `env`, unless one waits already."""
         if local_rank not in self._ready:
+            # The flight recorder's signal is known from the start (a local run's first ranks start
+            # before their attempt's environment is): blocked before the imports start a thread,
+            # or it would end the rank at a hang verdict instead of bringing its record.
+            env = {**env, FR_SIGNAL_VAR: str(int(FR_SIGNAL))}
             self._ready[local_rank] = subprocess.Popen(
                 [sys.executable, BOOTSTRAP, self.flag, self.modules, *self.command], cwd=self.cwd, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -66,6 +73,7 @@ class Spares:
     def take(self) -> dict[int, subprocess.Popen]:
         """The spares still alive, handed to the next attempt (and no longer this object's)."""
         ready, self._ready = self._ready, {}
+        self.flag = "--spare"  # from now on, whoever started the first: a next attempt's, humble as a session too
         for process in [p for p in ready.values() if p.poll() is not None]:
             process.stdout.close()
         return {rank: p for rank, p in ready.items() if p.returncode is None}

@@ -16,6 +16,10 @@ beside it train or start, so it must not take their cores. Three things make its
   that reads stdin from the start gives the rank's priority back at once, so that no rank starts
   at niceness 19 (under load, it would beat too late for the hang watchdog).
 It lowers its priority only where it may take it back (root, CAP_SYS_NICE, RLIMIT_NICE).
+
+Handed its attempt, the spare becomes its rank (`become`): the rank's environment in place of the
+one it started with, and what Python and Lightning took from that one at their start taken again,
+so that a rank made from a spare is one started afresh (its stdout's buffering, Lightning's rank).
 """
 
 import importlib
@@ -26,6 +30,9 @@ import threading
 
 # A spare's niceness, its threads' and its session's, until its handover.
 SPARE_NICENESS = 19
+# Lightning's modules that set rank_zero_only.rank from the environment as they are imported.
+LIGHTNING_RANK_ZERO = ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
+                       "lightning.pytorch.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero")
 
 
 def wait(modules: list[str], session_too: bool = True, stdin=None) -> dict[str, str]:
@@ -47,6 +54,27 @@ def wait(modules: list[str], session_too: bool = True, stdin=None) -> dict[str, 
     handover.arrived.wait()
     handover.give_back()  # again: a thread an import started while the handover gave it back
     return json.loads(handover.line)
+
+
+def become(env: dict[str, str]) -> None:
+    """This process as its rank: `env` its environment, and what its start took from the spare's."""
+    os.environ.clear()
+    os.environ.update(env)
+    # sys.path as the rank's own PYTHONPATH makes it (a local run's first spares start before it is known).
+    sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    # Python buffers stdout into a pipe unless PYTHONUNBUFFERED said otherwise at its start: line by
+    # line, as the rank's says, so that a killed rank's last lines are in its log (the same object:
+    # what the imports hold writes so too).
+    if os.environ.get("PYTHONUNBUFFERED") and not getattr(sys.stdout, "write_through", True):
+        sys.stdout.reconfigure(line_buffering=True)
+    # Lightning reads the rank as it is imported: 0 for a spare, on every rank until `fit` sets it
+    # (rank-zero-only code in a model's __init__ would run on each). Fabric's own rule, again.
+    modules = [sys.modules[name] for name in LIGHTNING_RANK_ZERO if name in sys.modules]
+    get_rank = next((m._get_rank for m in modules if hasattr(m, "_get_rank")), None)
+    if get_rank is not None:
+        rank = get_rank() or 0
+        for module in modules:
+            module.rank_zero_only.rank = rank
 
 
 class Handover:

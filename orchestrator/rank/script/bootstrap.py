@@ -14,7 +14,8 @@
   hung), and the rank then ends by that signal, from within the handler: a frozen rank that is
   continued for its dump takes no step and writes no checkpoint past the verdict.
 - The flight recorder on a hang verdict: torch's record of the rank's recent collectives, written
-  by a thread of its own on a signal the others block, so even a rank waiting in one answers.
+  by a thread of its own on a signal the others block, so even a rank waiting in one answers
+  (blocked before any thread starts: a spare has it in its start-up environment, agent/spares.py).
 - The outcome: an uncaught exception is printed as Python prints it, classified with the same
   rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
   `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
@@ -29,7 +30,8 @@ is a spare (spares.py): a ctx or Lightning rank of the next attempt (--spare), o
 first (--first). It imports those modules at niceness 19, a next attempt's as a session too
 (rank/spare.py: the ranks or the command beside it keep their cores; the handover gives its
 priority back) and waits for its attempt's environment, one JSON line on its stdin, then goes on
-as a rank started afresh would (no line: it ends).
+as a rank started afresh would (no line: it ends), with what Python and Lightning took from its
+start-up environment taken again from that one.
 """
 
 import collections
@@ -291,18 +293,20 @@ def _classified(exc: BaseException, target: str) -> dict:
 def _wait_as_spare(modules: list[str], first: bool, beat_fd: list) -> None:
     """A spare: the optimizer hook in place, `modules` imported (rank/spare.py, loaded by path as
     this file is run), then the attempt's environment from the agent (without one it ends there)."""
+    _count_optimizer_steps(beat_fd)
+    spare = _load_beside("spare.py")
+    spare.become(spare.wait(modules, session_too=not first))  # it ends in there if no attempt comes
+
+
+def _load_beside(name: str):
+    """A standard-library module of orchestrator/rank/ (spare.py, stop_signal.py), loaded by path."""
     import importlib.util
 
-    _count_optimizer_steps(beat_fd)
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spare.py")
-    found = importlib.util.spec_from_file_location("orchestrator_spare", path)
-    spare = importlib.util.module_from_spec(found)
-    found.loader.exec_module(spare)
-    env = spare.wait(modules, session_too=not first)  # the process ends in there if no attempt comes
-    os.environ.clear()
-    os.environ.update(env)
-    # sys.path as the rank's own PYTHONPATH makes it (a local run's first spares start before it is known).
-    sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    found = importlib.util.spec_from_file_location(f"orchestrator_{name[:-3]}", path)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
 
 
 def _answer_flight_recorder() -> None:
