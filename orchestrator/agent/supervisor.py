@@ -38,6 +38,7 @@ from orchestrator.agent.children import LocalRanks, Placement, Sweeper, copy_log
 from orchestrator.agent.echo import Echo
 from orchestrator.agent.group import AgentEnded, AgentGroup
 from orchestrator.agent.outcome import failure_of, signal_name
+from orchestrator.agent.rank_signals import RankSignals
 from orchestrator.agent.rank_start import RankStart
 from orchestrator.agent.session_ranks import Answers, SessionStart
 from orchestrator.agent.spares import Spares
@@ -121,6 +122,7 @@ class Supervisor:
         self.echo = Echo(lambda output: self.monitor.push.remote(output))  # rank 0's output, to the console
         self.answers = Answers(self.monitor, on_ray_train=not group.local) if self.sessions else None
         self.link = LinkServer(self.scratch, self.answers) if self.sessions else None
+        self.rank_signals = RankSignals(self.monitor)  # a ctx or Lightning rank's SIGTERM: the run's stop
         # The next attempt's ranks, started ahead (a ctx or Lightning job's: spares.py); a local
         # run's command may have started the first attempt's already (driver/local.py).
         self.spares = (spares or Spares(self.spec.kind, SessionStart.command(), SessionStart.cwd())
@@ -218,6 +220,8 @@ class Supervisor:
                 # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
                 self.abort = "the run monitor ended the ranks"
                 continue
+            if self.sessions:
+                self.rank_signals.pass_on(attempt, self.ranks.children)
             if self.spares and self.spares.start_when_settled(self.ranks, attempt, self.answers.beats_itself):
                 self.sweeper.track(self.ranks.sessions | self.spares.pids)
             if self.stop_requested and not stop_sent and not self.sessions:

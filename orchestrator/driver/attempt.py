@@ -24,6 +24,8 @@ from orchestrator.spec import JobSpec
 
 # Seconds the driver waits for ended workers to be torn down after a stop's grace period.
 ABORT_WAIT_S = 15.0
+# Seconds between the driver's asks whether a rank was sent SIGTERM (driver/signals.py `adopt`).
+RANK_SIGNAL_POLL_S = 0.5
 
 
 class Attempt:
@@ -74,8 +76,12 @@ class Attempt:
         aborting_since = None
         summarized = stop_recorded = False
         finished_since = None
+        rank_signal_asked = 0.0
         while thread.is_alive():
             thread.join(timeout=0.2)
+            if time.monotonic() - rank_signal_asked >= RANK_SIGNAL_POLL_S and self.run_lease.lost is None:
+                rank_signal_asked = time.monotonic()
+                self._take_rank_signal()
             if self.finished_grace_s is not None and not self.signals.received and thread.is_alive():
                 if finished_since is None and self._finished():
                     finished_since = time.monotonic()
@@ -118,9 +124,19 @@ class Attempt:
         except Exception:  # noqa: BLE001 - then the summary is written when fit() returns
             return False
 
-    def _request_stop(self, deadline_monotonic: float) -> None:
+    def _take_rank_signal(self) -> None:
+        """A rank sent SIGTERM from outside, as its agent told the run monitor: this driver's own stop."""
+        try:
+            signalled = handles.get(self.monitor.rank_signal.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - asked again at the next poll
+            return
+        if signalled is not None:
+            self.signals.adopt(*signalled)
+
+    def _request_stop(self, deadline_monotonic: float, by: str = "") -> None:
         grace = max(0.0, deadline_monotonic - time.monotonic())
-        self.say(f"stop requested: the workers checkpoint at the next step and stop (grace {grace:.1f} s; "
+        sent = f"{by}, which stops the run as a SIGTERM to this command does: " if by else ""
+        self.say(f"stop requested: {sent}the workers checkpoint at the next step and stop (grace {grace:.1f} s; "
                  "signal again to stop at once)")
         self.monitor.request_stop.remote(time.time() + grace)
 

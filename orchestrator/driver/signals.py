@@ -8,6 +8,12 @@ DEFAULT_GRACE_S. `ORCHESTRATOR_STOP_GRACE_S` sets it for both. When the grace ru
 second signal, the driver stops waiting and the workers are ended: nothing already committed is
 touched, and the next run resumes from the newest committed checkpoint.
 
+A SIGTERM sent to a ctx or Lightning rank rather than to the driver (Slurm's time limit and
+`scancel`, systemd's stop and earlyoom signal every process of the job) is the same stop: the
+rank passes it on (rank/stop_signal.py, through its agent and the run monitor) and the driver
+takes it as a SIGTERM of its own (`adopt`), with its grace and its exit status, 143. Sent to the
+ranks and the driver both, it is one stop, not two; a second one, to either, stops at once.
+
 `ray job stop` in Ray 2.60 (dashboard/modules/job/job_supervisor.py): the job's supervisor sends
 SIGTERM to the driver and every process under it, waits `int(RAY_JOB_STOP_WAIT_TIME_S)` seconds
 (read from its own environment: the head's, or the job's runtime_env env_vars, which the driver
@@ -91,14 +97,17 @@ def job_stop_note() -> str | None:
 class StopSignals:
     """Turns SIGINT and SIGTERM into a stop request with a deadline; a second one means now.
 
-    `on_stop(deadline)` is called (in the main thread) at the first signal.
+    `on_stop(deadline, by)` is called (in the main thread) at the first signal: `by` names the
+    rank it was sent to, or is "" for this process's own.
     """
 
-    def __init__(self, on_stop: Callable[[float], None] = lambda deadline: None) -> None:
+    def __init__(self, on_stop: Callable[[float, str], None] = lambda deadline, by: None) -> None:
         self.received: str | None = None
         self.deadline: float | None = None
         self.immediate = False
         self._on_stop = on_stop
+        # Whether the stop under way is a rank's (`adopt`), not yet followed by this process's own signal.
+        self._adopted = False
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignals]:
@@ -117,11 +126,22 @@ class StopSignals:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.received is not None:
-            self.immediate = True
+            # The scheduler's SIGTERM reached a rank first, then this process: the same stop.
+            self.immediate = self.immediate or not self._adopted
+            self._adopted = False
             return
         self.received = name
         self.deadline = time.monotonic() + grace_seconds(name)
-        self._on_stop(self.deadline)
+        self._on_stop(self.deadline, "")
+
+    def adopt(self, by: str, again: bool = False, name: str = "SIGTERM") -> None:
+        """The stop a rank was sent (`by` names it), taken as this process's own first `name`;
+        `again`: the rank was sent a second one, which stops at once, as a second signal here does."""
+        if self.received is None:
+            self.received, self._adopted = name, True
+            self.deadline = time.monotonic() + grace_seconds(name)
+            self._on_stop(self.deadline, by)
+        self.immediate = self.immediate or again
 
     def grace_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()

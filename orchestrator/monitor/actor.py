@@ -111,6 +111,9 @@ class RunMonitor:
         # Per attempt, the agents heard from after a hang verdict, and their ranks' flight records.
         self._flight_records: dict[int, dict[str, Any]] = {}
         self._stop_requested: float | None = None
+        # A rank sent SIGTERM from outside, as its agent said (agent/rank_signals.py): who, and
+        # whether again; the driver takes it as its own SIGTERM (driver/attempt.py).
+        self._rank_signal: tuple[str, bool] | None = None
         # Set by the driver when a stop's grace period ran out: the workers end themselves.
         self._abort_reason: str | None = None
         # Set when another driver took the run over: why (LeaseLost's text).
@@ -270,6 +273,15 @@ class RunMonitor:
         if self._stop_requested is None:
             self._stop_requested = deadline
             self.push(StopRequested(deadline=deadline))
+
+    def rank_signalled(self, by: str, again: bool = False) -> None:
+        """A rank was sent SIGTERM from outside (a scheduler's time limit, scancel): `by` says which;
+        `again`: a second time. The driver asks for the stop (`rank_signal`), with its own grace."""
+        first = self._rank_signal
+        self._rank_signal = (first[0] if first else by, again or bool(first and first[1]))
+
+    def rank_signal(self) -> tuple[str, bool] | None:
+        return self._rank_signal
 
     def take_over(self, reason: str) -> None:
         """Another driver took the run over (the lease's heartbeat noticed): end the current worker

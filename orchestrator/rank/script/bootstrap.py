@@ -340,6 +340,8 @@ def main(argv: list[str]) -> int:
         return 2
     _die_with_parent()
     _take_niceness()
+    if argv == ["-m", "orchestrator.rank.rank_main"]:  # a ctx or Lightning rank: SIGTERM from outside stops
+        _load_beside("stop_signal.py").install()  # the run (rank/stop_signal.py); set before any thread starts
     _answer_flight_recorder()
     beat_fd: list = [None]
     if spare is not None:
