@@ -113,11 +113,9 @@ class Supervisor:
         self.ranks: LocalRanks | None = None
         self.placement: Placement | None = None
         self.attempt = 0
-        # Set by the heartbeat thread from the monitor's replies.
-        self.abort: str | None = None
-        self.stop_requested = False
-        self._closing, self._last_beat = False, 0.0
-        self._first_step_seen, self._last_progress_step = False, 0
+        # Set by the heartbeat thread from the monitor's replies (abort: why the ranks are ended).
+        self.abort, self.stop_requested = None, False
+        self._closing, self._last_beat, self._first_step_seen, self._last_progress_step = False, 0.0, False, 0
         self._teardown_warned: set[int] = set()
         self.echo = Echo(lambda output: self.monitor.push.remote(output))  # rank 0's output, to the console
         self.answers = Answers(self.monitor, on_ray_train=not group.local) if self.sessions else None
@@ -132,7 +130,8 @@ class Supervisor:
 
     def run(self) -> None:
         begun = broadcast_object(self._begin(self.k) if self.worker == 0 else None)
-        threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True).start()
+        self._beats = threading.Thread(target=self._beat_loop, name="orchestrator-script-beats", daemon=True)
+        self._beats.start()
         try:
             while True:
                 state = broadcast_object(self._attempt_state() if self.worker == 0 else None)
@@ -300,6 +299,7 @@ class Supervisor:
             step_time_s=progress.step_time_s or None)), timeout=60)
 
     def _done(self) -> None:
+        self._beats.join(timeout=BEAT_S + 10)  # a local run's process goes on: none of its threads stays
         try:  # waited for: a driver that sees every agent done may end the cluster at once
             handles.get(self.monitor.agent_done.remote(self.worker), timeout=10)
         except Exception:  # noqa: BLE001 - then the driver waits for Ray Train's end of the workers
