@@ -34,9 +34,13 @@ FAILURE_FILE_VAR, AGENT_PID_VAR = "ORCHESTRATOR_FAILURE_FILE", "ORCHESTRATOR_SUP
 _TERM = {signal.SIGTERM}
 
 
-def install() -> None:
-    """In a ctx or Lightning rank's process, before it starts any thread (each inherits the mask)."""
+def install(then=lambda: None) -> None:
+    """In a ctx or Lightning rank's process, before it starts any thread (each inherits the mask).
+    `then` runs with SIGTERM blocked, before this module's own thread starts: whatever else blocks
+    a signal of its own (the flight recorder's, bootstrap.py) sets it before any thread exists,
+    or a thread without it would take that signal with its default action (the process's end)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _TERM)
+    then()
     os.register_at_fork(after_in_child=lambda: _start(rank=False))
     _start(rank=True)
 

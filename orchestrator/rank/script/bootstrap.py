@@ -13,9 +13,8 @@
   on ORCHESTRATOR_STACK_SIGNAL (the agent sends it, with SIGCONT, once the attempt is judged
   hung), and the rank then ends by that signal, from within the handler: a frozen rank that is
   continued for its dump takes no step and writes no checkpoint past the verdict.
-- The flight recorder on a hang verdict: torch's record of the rank's recent collectives, written
-  by a thread of its own on a signal the others block, so even a rank waiting in one answers
-  (blocked before any thread starts: a spare has it in its start-up environment, agent/spares.py).
+- The flight recorder on a hang verdict: torch's record of the rank's collectives, written by a thread
+  on a signal every thread blocks from the start (agent/spares.py), so a rank waiting in one answers.
 - The outcome: an uncaught exception is printed as Python prints it, classified with the same
   rules as the other paths (orchestrator/failures.py) and written as JSON for the agent. A
   `sys.exit(N)` with N != 0 is the script's own word: restarted, as torchrun restarts it.
@@ -341,8 +340,9 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     _take_niceness()
     if argv == ["-m", "orchestrator.rank.rank_main"]:  # a ctx or Lightning rank: SIGTERM from outside stops
-        _load_beside("stop_signal.py").install()  # the run (rank/stop_signal.py); set before any thread starts
-    _answer_flight_recorder()
+        _load_beside("stop_signal.py").install(then=_answer_flight_recorder)  # the run; both masks before any thread
+    else:
+        _answer_flight_recorder()
     beat_fd: list = [None]
     if spare is not None:
         _wait_as_spare(spare, first, beat_fd)

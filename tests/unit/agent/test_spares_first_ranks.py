@@ -182,3 +182,39 @@ def test_the_spares_a_local_run_starts_for_its_second_attempt_yield_as_a_session
     finally:
         spares.close()
         ranks.stop()
+
+
+def _blocked(pid: int) -> list[int]:
+    """Each thread's blocked signals (SigBlk of /proc/PID/task/TID/status), as bit masks."""
+    masks = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            masks += [int(line.split()[1], 16) for line in f if line.startswith("SigBlk:")]
+    return masks
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first", "next"])
+def test_every_thread_of_a_session_ranks_spare_blocks_sigterm_and_the_flight_recorders_signal(tmp_path, first):
+    """A process-directed signal goes to any thread that does not block it, and there takes its
+    default action, the end of the process: a ctx or Lightning rank takes SIGTERM and the flight
+    recorder's signal on threads of its own, so every thread, its own threads too, must block both
+    from the start (the SIGTERM thread once started before the flight recorder's mask, and a hang
+    verdict's signal ended every ctx and Lightning rank)."""
+    spares = Spares("torch", SessionStart.command(), SessionStart.cwd(), first=first)
+    try:
+        spares.start(0, session_env(_job(tmp_path), os.environ, 1))
+        (pid,) = spares.pids
+        deadline, masks = time.monotonic() + 60, []
+        while time.monotonic() < deadline:  # the bootstrap's threads: SIGTERM's, the recorder's, the handover's
+            masks = _blocked(pid)
+            if len(masks) >= 3:
+                break
+            time.sleep(0.05)
+        assert len(masks) >= 3, f"the spare started {len(masks)} thread(s) in 60 s"
+        # A thread waiting in sigwait shows the signals it waits for unblocked (the kernel lifts
+        # them for the wait): each signal may be open in one thread, its own, and in no other.
+        for name, signum in (("SIGTERM", signal.SIGTERM), ("the flight recorder's", flight_records.FR_SIGNAL)):
+            open_in = [hex(m) for m in masks if not m & (1 << (signum - 1))]
+            assert len(open_in) <= 1, f"{name} signal is open in {len(open_in)} threads: {[hex(m) for m in masks]}"
+    finally:
+        spares.close()
