@@ -98,7 +98,7 @@ def diagnose(spec: JobSpec | None, address: str | None = None, *, storage_uri: s
                        key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
         marker = root.join(".orchestrator-doctor", f"{uuid.uuid4().hex}.json").uri if root else None
         data_uris = _data_uris(spec)
-        probes = _probe_all(nodes, marker, data_uris)
+        probes = _probe_all(nodes, marker, data_uris, spec.env if spec else None)
         checks = [_versions_check(probes)]
         if root is not None:
             checks.append(_storage_check(storage_uri, probes))
@@ -130,13 +130,14 @@ def _pinned(node: dict[str, Any]):
     return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
 
 
-def _probe_all(nodes: list[dict[str, Any]], marker: str | None,
-               data_uris: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+def _probe_all(nodes: list[dict[str, Any]], marker: str | None, data_uris: tuple[str, ...] = (),
+               job_env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Each node's probe; the first node writes the marker, the others then read it."""
     probes: dict[str, dict[str, Any]] = {}
 
     def run(batch: list[dict[str, Any]], write: bool) -> None:
-        refs = {n["NodeID"]: probe_node.options(scheduling_strategy=_pinned(n)).remote(marker, write, data_uris)
+        refs = {n["NodeID"]: probe_node.options(scheduling_strategy=_pinned(n)).remote(marker, write, data_uris,
+                                                                                  job_env)
                 for n in batch}
         for node_id, ref in refs.items():
             try:

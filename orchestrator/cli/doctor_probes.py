@@ -35,9 +35,12 @@ def versions() -> dict[str, str]:
 
 
 @ray.remote(num_cpus=0)
-def probe_node(marker_uri: str | None, write: bool, data_uris: tuple[str, ...] = ()) -> dict[str, Any]:
+def probe_node(marker_uri: str | None, write: bool, data_uris: tuple[str, ...] = (),
+               job_env: dict[str, str] | None = None) -> dict[str, Any]:
     """On one node: what it runs, which interfaces it has, whether it sees the storage marker and
-    the spec's data inputs."""
+    the spec's data inputs, with the spec's `env:` set as a run's agent sets it (credentials for
+    the storage among it: Ray's runtime environment carries only its tunables, cluster/connection.py)."""
+    os.environ.update(job_env or {})
     answer: dict[str, Any] = {"host": socket.gethostname(), "versions": versions(),
                               "interfaces": sorted(name for _, name in socket.if_nameindex()),
                               "env": {k: os.environ.get(k) for k in INTERFACE_VARIABLES}, "storage": None,
