@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 from conftest import REPO, wait_for
+from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,14 +71,6 @@ def _start(tmp_path, how: str) -> subprocess.Popen:
                             text=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _kill(pids) -> None:
     for pid in pids:
         try:
@@ -92,11 +85,11 @@ def test_when_the_agent_is_sigkilled_the_sweeper_ends_a_daemon_its_rank_started_
     try:
         wait_for(lambda: (tmp_path / "pids.json").exists(), timeout=60)
         pids = json.loads((tmp_path / "pids.json").read_text())
-        assert _alive(pids["daemon"])
+        assert is_alive(pids["daemon"])
         agent.kill()
         agent.wait()
-        wait_for(lambda: not _alive(pids["rank"]), timeout=10)  # PR_SET_PDEATHSIG
-        wait_for(lambda: not _alive(pids["daemon"]), timeout=15)
+        wait_for(lambda: not is_alive(pids["rank"]), timeout=10)  # PR_SET_PDEATHSIG
+        wait_for(lambda: not is_alive(pids["daemon"]), timeout=15)
     finally:
         if agent.poll() is None:
             agent.kill()

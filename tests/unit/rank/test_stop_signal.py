@@ -15,6 +15,7 @@ import textwrap
 import pytest
 from conftest import REPO, wait_for
 
+from orchestrator.processes import is_alive
 from orchestrator.rank.stop_signal import STOP_AGAIN_SUFFIX, STOP_SUFFIX
 
 # The rank: the stop signal set up as the bootstrap sets it up (loaded by path, before any thread),
@@ -39,14 +40,6 @@ def _outside_sigterm(pid: int) -> None:
     subprocess.run(["kill", "-TERM", str(pid)], check=True, timeout=10)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(60)
 def test_a_rank_sent_sigterm_from_outside_asks_for_the_stop_and_its_agents_sigterm_still_ends_it(tmp_path):
     failure_file = str(tmp_path / "failure.json")
@@ -62,13 +55,13 @@ def test_a_rank_sent_sigterm_from_outside_asks_for_the_stop_and_its_agents_sigte
         _outside_sigterm(helper)
         _outside_sigterm(rank.pid)
         assert wait_for(lambda: os.path.exists(failure_file + STOP_AGAIN_SUFFIX), timeout=20), "no second stop"
-        assert rank.poll() is None and _alive(helper)  # (the helper had its SIGTERM before the rank's second)
+        assert rank.poll() is None and is_alive(helper)  # (the helper had its SIGTERM before the rank's second)
 
         os.kill(rank.pid, signal.SIGTERM)  # this process is the rank's agent (ORCHESTRATOR_SUPERVISOR_PID)
         assert rank.wait(timeout=20) == -signal.SIGTERM
         # The helper's own parent is gone with the rank; a SIGTERM then ends it (as the agent's sweep does).
         _outside_sigterm(helper)
-        assert wait_for(lambda: not _alive(helper), timeout=20), "the helper outlived its rank's end"
+        assert wait_for(lambda: not is_alive(helper), timeout=20), "the helper outlived its rank's end"
         assert "rank 1 was sent SIGTERM (by pid" in rank.stderr.read()
     finally:
         if rank.poll() is None:
