@@ -2,8 +2,10 @@
 workers resume from the newest committed checkpoint, and the run ends with the clean run's weights.
 
 The cluster is real (`ray.cluster_utils.Cluster`, every node on loopback: the session's shared
-one, tests/helpers/clusters.py); the lost node is killed by its own process ids, its raylet and everything
-the raylet started, as when a machine dies, and a node like it is added back after the test.
+one, tests/helpers/clusters.py, with node-death checks of 1 s x 3; one test has a cluster of its
+own with Ray's default checks, which users have); the lost node is killed by its own process ids,
+its raylet and everything the raylet started, as when a machine dies, and on the shared cluster a
+node like it is added back after the test.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import pytest
 import ray
 from cli_runs import BackgroundRun
+from clusters import cluster_with_rays_defaults
 from conftest import wait_for
 from node_faults import kill_node, training_worker_pids
 from ray.cluster_utils import Cluster
@@ -46,6 +49,65 @@ def test_a_node_lost_mid_run_is_replaced_and_the_run_ends_with_the_clean_weights
     assert result.status == "finished"
     assert result.restarts >= 1
     assert doomed.node_id not in {w["node_id"] for w in result.workers}
+    assert result.world_sizes_seen == [2]
+    assert result.global_step == clean_torch.global_step
+    assert result.weights_sha256 == clean_torch.weights_sha256
+
+
+# Seconds Ray's defaults take at most to declare a dead node dead (health checks every 3 s, 5
+# failures in a row, each given up to 10 s: 15-30 s after its end, where a raylet that is gone
+# refuses each check at once).
+RAY_NODE_DEATH_S = 30
+# From the kill to the replacement workers' processes on the node that is left: the node's death
+# (Ray's defaults, the longest it takes), and a worker group start and restore on a loaded
+# machine (about 30 s here), with as much again as slack.
+REPLACED_WITHIN_S = 2 * (RAY_NODE_DEATH_S + 30)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with (/proc/PID/environ)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [entry.split(b"=", 1) for entry in f.read().split(b"\0") if b"=" in entry]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+@pytest.mark.timeout(900)
+def test_a_node_lost_on_a_cluster_with_rays_own_health_checks_is_replaced_in_their_time_with_the_clean_weights(
+        tmp_path, clean_torch, monkeypatch):
+    # A user's own export of a setting the orchestrator also sets (failure_timeouts.py: 1 s): Ray
+    # Train's own default poll of its workers. It wins: it is what reaches the training workers.
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")
+    with cluster_with_rays_defaults(nodes=2, cpus=2) as cluster:
+        spec = torch_spec("node-loss-ray-defaults", tmp_path, loop="faulty:slow_loop", sleep_s=0.1)
+        run = BackgroundRun(spec, str(tmp_path), address=cluster.address)
+        try:
+            store = CheckpointStore(storage.resolve(str(tmp_path / spec["name"])))
+            wait_for(lambda: store.committed() or run.ended(), timeout=300)
+            assert not run.ended(), run.result()
+            agents = {node.node_id: training_worker_pids(node) for node in cluster.worker_nodes}
+            environments = [_environ(pid) for pids in agents.values() for pid in pids]
+            doomed = next(n for n in cluster.worker_nodes if agents[n.node_id])
+            [left] = [n for n in cluster.worker_nodes if n is not doomed]
+            before = set(agents[left.node_id])
+            kill_node(cluster, doomed)
+            killed = time.monotonic()
+            wait_for(lambda: len(set(training_worker_pids(left)) - before) >= 2 or run.ended(),
+                     timeout=REPLACED_WITHIN_S, interval=0.5)
+            replaced_after = time.monotonic() - killed
+            result = run.result()
+        finally:
+            BackgroundRun.end_all()
+
+    assert len(environments) == 2, agents
+    for env in environments:
+        assert env.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S") == "2", env.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+        # The orchestrator's own settings travel the same way (failure.hang_timeout_s, 60 s by default).
+        assert env.get("RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S") == "60", env
+    assert replaced_after < REPLACED_WITHIN_S, replaced_after
+    assert result.status == "finished"
+    assert result.restarts >= 1
+    assert doomed.node_id not in {w["node_id"] for w in result.workers}
+    assert {w["node_id"] for w in result.workers} == {left.node_id}
     assert result.world_sizes_seen == [2]
     assert result.global_step == clean_torch.global_step
     assert result.weights_sha256 == clean_torch.weights_sha256

@@ -6,6 +6,9 @@ A test may kill or drain a node of it; `three_nodes` then puts the cluster back 
 three live 1-CPU worker nodes, before the next test gets it. The tests that use it run one after
 another (conftest.py orders them, and keeps them on one worker under pytest -n), and the cluster
 is shut down, with this process's Ray connection, after the last of them.
+
+`cluster_with_rays_defaults` is the one node-loss test's own cluster with Ray's health checks, as
+users have them.
 """
 
 from __future__ import annotations
@@ -88,3 +91,25 @@ def three_nodes(shared_loopback_cluster):
     yield cluster
     restore(cluster)
     shared_loopback_cluster.done_with_one_test()
+
+
+@contextlib.contextmanager
+def cluster_with_rays_defaults(nodes: int = 2, cpus: int = 2):
+    """A head without CPUs (the driver's side) and `nodes` nodes of `cpus` CPUs, on loopback, with
+    Ray's own health checks (no `_system_config`): a node that dies is declared dead when Ray's
+    defaults say, 15-30 s later, as on a user's cluster. Its own, not the shared one (whose head has
+    fast checks); shut down, with this process's Ray connection, at the end."""
+    import ray
+    from node_faults import LOOPBACK
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=cpus, node_ip_address=LOOPBACK)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
