@@ -6,10 +6,15 @@ loopback clusters in the test process stay on one worker (IN_PROCESS_CLUSTERS). 
 checks of the machine (scratch folders, Ray processes) is its own run's, found by its own folder
 or session, never by a machine-wide listing that a test beside it would change.
 
-Nothing here changes how Ray or the orchestrator behave for the whole test process: the tests run
-the product in the environment a user's shell has. Tests whose point is a run on one node run
-it as a user's first command does, in local mode (no cluster named or up: driver/local.py), which
-costs no Ray process at all; tests of the Ray path on one node (its agents as Ray Train workers,
+What every test gets here is state of its own, no setting of Ray's or the orchestrator's: the
+autouse fixture `_isolated_state` gives it an empty state folder (ORCHESTRATOR_STATE_DIR, where
+`orchestrator up` records the warm cluster), a data cache of its own (ORCHESTRATOR_DATA_DIR) and
+the repository as its working directory, so that no warm cluster is found (neither a user's nor
+another test's) and a one-node run in auto mode goes local, whatever else is up on the machine;
+`s3_server` adds the loopback server's credentials to its environment. Otherwise the tests run the
+product in the environment a user's shell has. Tests whose point is a run on one node run it as a
+user's first command does, in local mode (no cluster named or up: driver/local.py), which costs no
+Ray process at all; tests of the Ray path on one node (its agents as Ray Train workers,
 its dashboard, its jobs) ask for `warm_cluster`: their runs join one warm local cluster
 (`orchestrator up`) for the session. Every Ray node a test starts is on loopback because the product puts its own
 clusters there (orchestrator/cluster/environment.py) and the tests' own clusters name 127.0.0.1 as
