@@ -185,8 +185,12 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
 def _warm_record(tmp_path_factory):
     """One warm local cluster (`orchestrator up`) for the session, started as a user starts it, in
     a state folder of its own; the path of its record. `orchestrator down` ends it with the session."""
+    # The nodes get the loopback S3 server's credentials, as a cluster's nodes get theirs from an
+    # instance role or the shell that ran `up`: Ray Train's controller writes its own files under an
+    # s3:// `storage:` with the nodes' environment (docs/cluster.md, "Secrets in env:").
     env = {"ORCHESTRATOR_STATE_DIR": str(tmp_path_factory.mktemp("warm-state")),
-           "ORCHESTRATOR_DATA_DIR": os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path_factory.mktemp("warm-data")))}
+           "ORCHESTRATOR_DATA_DIR": os.environ.get("ORCHESTRATOR_TEST_DATA_DIR", str(tmp_path_factory.mktemp("warm-data"))),
+           **S3_CREDENTIALS}
     started = run_cli("up", env=env, timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     yield os.path.join(env["ORCHESTRATOR_STATE_DIR"], RECORD_NAME)

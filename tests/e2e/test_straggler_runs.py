@@ -4,7 +4,8 @@ work a step (tests/helpers/straggler_jobs.py). The warning names the rank, its n
 summary.json keeps it, with the slowest rank and the steps' wait for it. Every other run of the
 suite has even ranks and must name nobody: tests/helpers/cli_runs.py checks each one's summary.
 straggler_after_s is short here so that the runs are short; the default window's detection time is
-measured in bench/stragglers.py."""
+measured in bench/stragglers.py. These runs are local (one node, no cluster); the Ray path's
+straggler shares a run on Ray with a stop on S3 storage: tests/e2e/test_stops_on_ray.py."""
 
 from __future__ import annotations
 
