@@ -14,7 +14,6 @@ import logging
 import os
 import secrets
 import socket
-import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from orchestrator.cluster import own_address
-from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early
+from orchestrator.cluster.environment import QUIET_RAY_ENV, ray_imported_too_early, ray_temp_root
 from orchestrator.cluster.records import reap_orphans, record_path
 from orchestrator.errors import UserError
 from orchestrator.processes import end_processes, session_pids
@@ -149,17 +148,6 @@ def short_temp_dir() -> dict[str, str]:
     if len(root.encode()) + SOCKET_TAIL_BYTES <= SOCKET_PATH_MAX:
         return {}
     return {"_temp_dir": tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")}
-
-
-def ray_temp_root() -> str:
-    """The folder ray.init makes its own in, read from the environment now as Ray reads it
-    (ray._common.utils.get_default_system_temp_dir): RAY_TMPDIR, else TMPDIR on Linux, else /tmp.
-    Not tempfile.gettempdir(), which keeps the first value it found for the process's life."""
-    if os.environ.get("RAY_TMPDIR"):
-        return os.environ["RAY_TMPDIR"]
-    if sys.platform.startswith("linux") and os.environ.get("TMPDIR"):
-        return os.environ["TMPDIR"]
-    return "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
 
 
 @contextlib.contextmanager

@@ -11,13 +11,16 @@ so it is not reachable from the network either.
 So the command line and `orchestrator.run` call `keep_ray_on_loopback` before anything imports
 Ray. It sets the variable when the driver's cluster is on loopback (an embedded cluster, the warm
 one, or a loopback --address / RAY_ADDRESS) and the user has not set it; a driver of a cluster on
-a routable address keeps Ray's own behaviour. This module must not import Ray.
+a routable address keeps Ray's own behaviour. `--address auto` is the cluster that Ray's own search
+finds (`auto_address`): the newest `ray start` on this machine, a loopback head among them.
+This module must not import Ray.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 ENABLE_CLUSTER_ENV_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -31,10 +34,45 @@ def cluster_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
+def ray_temp_root() -> str:
+    """The folder ray.init makes its own in, read from the environment now as Ray reads it
+    (ray._common.utils.get_default_system_temp_dir): RAY_TMPDIR, else TMPDIR on Linux, else /tmp.
+    Not tempfile.gettempdir(), which keeps the first value it found for the process's life."""
+    if os.environ.get("RAY_TMPDIR"):
+        return os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and os.environ.get("TMPDIR"):
+        return os.environ["TMPDIR"]
+    return "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
+
+
+def auto_address() -> str | None:
+    """The GCS address Ray's `auto` joins, found as Ray finds it first
+    (ray._private.services.get_ray_address_from_environment): RAY_ADDRESS, else what the newest
+    `ray start` on this machine wrote into <ray_temp_root()>/ray/ray_current_cluster. None when
+    neither names one (Ray then joins any cluster it sees running here, or fails)."""
+    if os.environ.get("RAY_ADDRESS") and os.environ["RAY_ADDRESS"] != "auto":
+        return os.environ["RAY_ADDRESS"]
+    try:
+        with open(os.path.join(ray_temp_root(), "ray", "ray_current_cluster")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def named(address: str) -> str:
+    """`address` as the run's first line names it: for `auto`, the cluster it stands for."""
+    if address != "auto":
+        return address
+    found = auto_address()
+    return f"{found} (--address auto)" if found else "auto (no `ray start` recorded on this machine: Ray's own search)"
+
+
 def is_loopback(address: str | None) -> bool:
     """Whether the cluster at `address` (None: the warm or an embedded one) listens on loopback."""
     if address is None or address == "local":
         return True
+    if address == "auto":
+        address = auto_address() or "auto"
     if address == "auto" or "://" in address:
         return False
     host = address.rpartition(":")[0].strip("[]")

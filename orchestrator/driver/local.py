@@ -57,7 +57,9 @@ def choose(job: JobSpec, address: str | None, requested: str = AUTO) -> Mode:
     if requested == RAY:
         return Mode(False, "on Ray (--ray)")
     if address:
-        return Mode(False, f"on Ray: joining the cluster at {address}")
+        from orchestrator.cluster.environment import named
+
+        return Mode(False, f"on Ray: joining the cluster at {named(address)}")
     from orchestrator.cluster import warm
 
     notes: list[str] = []
