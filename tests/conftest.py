@@ -50,6 +50,7 @@ IN_PROCESS_CLUSTERS = (
     "tests/e2e/test_placement.py::",
     "tests/unit/cli/test_doctor_checks.py::test_doctor_",
     "tests/e2e/test_torchrun.py::test_two_nodes_of_two_ranks",
+    "tests/e2e/test_preemptions_used_up.py::",
 )
 
 

@@ -316,6 +316,13 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
         return (f"run '{job.name}' gave up waiting for capacity after failure.capacity_timeout_s = "
                 f"{job.failure.capacity_timeout_s:g} s: {why}. Fix: add nodes, lower scaling.num_workers or "
                 f"scaling.resources_per_worker, or raise failure.capacity_timeout_s. {kept}")
+    if type(root).__name__ == "PreemptionError":  # ray.train's: the preemptions' own budget is used up
+        allowed = job.failure.max_preemptions
+        return (f"run '{job.name}' failed: a node of it was preempted (drained with a deadline, as a spot instance "
+                f"is reclaimed), and the restarts after a preemption that failure.max_preemptions ({allowed}) allows "
+                "are used up (they are counted apart from failure.max_failures). Fix: run the "
+                "same command again to resume from the checkpoint taken on the notice, or raise "
+                f"failure.max_preemptions (-1: unlimited). Worker logs: {logs or 'ray logs'}. {kept}")
     if type(error).__name__ == "WorkerGroupError" and result.failures:  # ray.train's
         last = result.failures[-1]
         ranks = "; ".join(_record_line(r) for r in last["ranks"])
