@@ -23,5 +23,7 @@ def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
         digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes;
+        # for every other tensor its bytes are the same.
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
