@@ -18,12 +18,12 @@ import urllib.request
 import pytest
 from cli_runs import failure_of, run_command, run_spec
 from conftest import REPO, run_cli, scratch_in, wait_for
+from run_processes import ProcessesOfRun
 from seed_runs import BUG_LINE, EPOCHS, SEED, events, final
 from specs import lightning_spec, torch_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
-from orchestrator.processes import is_alive
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +75,9 @@ def _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, temp:
     spec["env"] = {"TMPDIR": temp}
     lines: list[str] = []
     imports = tmp_path / "imports.jsonl"
-    with pytest.MonkeyPatch.context() as patch:  # (this command's own environment: faulty.py notes its imports)
-        patch.setenv("FAULTY_IMPORTS", str(imports))
+    # The run's processes: what carries its workers' TMPDIR, or the command's own FAULTY_IMPORTS.
+    with pytest.MonkeyPatch.context() as patch, ProcessesOfRun(TMPDIR=temp, FAULTY_IMPORTS=str(imports)) as watch:
+        patch.setenv("FAULTY_IMPORTS", str(imports))  # (this command's own environment: faulty.py notes its imports)
         result = run_spec(spec, str(tmp_path), mode="local", lines=lines)
     assert lines[0].startswith("local mode:"), lines[:3]
     _assert_restarted_in_place(result, starts)
@@ -90,13 +91,16 @@ def _assert_survives_in_place_to_the_clean_weights(spec, tmp_path, starts, temp:
     assert result.global_step == clean.global_step
     assert result.weights_sha256 == clean.weights_sha256
     with open(starts) as f:
-        _nothing_left(temp, {json.loads(line)["pid"] for line in f})
+        ranks = {json.loads(line)["pid"] for line in f}
+    # The scan saw the ranks of every attempt (spares, the sweeper and the command beside them).
+    assert ranks <= set(watch.seen), (ranks, watch.seen)
+    _nothing_left(temp, watch)
 
 
-def _nothing_left(temp: str, pids) -> None:
+def _nothing_left(temp: str, watch: ProcessesOfRun) -> None:
+    """No scratch folder in the run's temp dir, and every process `watch` saw is gone."""
     assert not scratch_in(temp), os.listdir(temp)
-    alive = [pid for pid in pids if is_alive(pid)]
-    assert not alive, f"processes of the run still alive: {alive}"
+    watch.assert_all_gone()
 
 
 # --- a torchrun script ------------------------------------------------------------------------------
@@ -106,11 +110,12 @@ def _nothing_left(temp: str, pids) -> None:
 def test_a_script_in_local_mode_survives_a_sigkill_and_a_sigstop_in_place_bit_equal_to_plain_torchrun(
         tmp_path, plain_torchrun, run_temp_dir):
     work, env_out = tmp_path / "faults" / "work", tmp_path / "seen"
-    process = _popen("torchrun", "--local", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name", "faults",
-                     "--set", f"failure.hang_timeout_s={HANG_TIMEOUT_S}", SEED, "--work_dir", "{run_dir}/work",
-                     "--epochs", EPOCHS, "--fault", "kill,stop", "--step_sleep", "0.02", "--env_out", str(env_out),
-                     env={"TMPDIR": run_temp_dir})
-    output, _ = process.communicate(timeout=360)
+    with ProcessesOfRun(TMPDIR=run_temp_dir) as watch:
+        process = _popen("torchrun", "--local", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name",
+                         "faults", "--set", f"failure.hang_timeout_s={HANG_TIMEOUT_S}", SEED, "--work_dir",
+                         "{run_dir}/work", "--epochs", EPOCHS, "--fault", "kill,stop", "--step_sleep", "0.02",
+                         "--env_out", str(env_out), env={"TMPDIR": run_temp_dir})
+        output, _ = process.communicate(timeout=360)
     assert process.returncode == 0, output[-3000:]
     assert _first_line(output).startswith("local mode: 2 rank(s) on this machine, no Ray (--local)"), output[:500]
     assert final(str(work)) == plain_torchrun
@@ -123,7 +128,9 @@ def test_a_script_in_local_mode_survives_a_sigkill_and_a_sigstop_in_place_bit_eq
     assert f"stopped answering for more than {HANG_TIMEOUT_S} s" in output and "rank 1 was at torchrun_seed.py:" in output
     summary = json.loads((tmp_path / "faults" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["restarts"] == 2
-    _nothing_left(run_temp_dir, {s["pid"] for s in seen if "pid" in s})
+    # The command and its ranks of three attempts (the frozen one among them) were seen alive.
+    assert sum(pid != process.pid for pid in watch.seen) >= 2 * 3, watch.seen
+    _nothing_left(run_temp_dir, watch)
 
 
 @pytest.mark.timeout(300)
@@ -143,22 +150,26 @@ def test_a_script_is_local_by_default_and_a_sigterm_reaches_every_rank_then_the_
     work = tmp_path / "stop" / "work"
     args = ("torchrun", "--nproc_per_node", "2", "--storage", str(tmp_path), "--name", "stop", SEED,
             "--work_dir", "{run_dir}/work", "--epochs", EPOCHS)
-    process = _popen(*args, "--step_sleep", "0.1", env={"TMPDIR": run_temp_dir})
-    try:
-        # Stopped once the script's own checkpoint of epoch 0 is written and epoch 1 is under way.
-        wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
-            e["kind"] == "epoch_end" for e in events(str(work))), timeout=240, interval=0.3)
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with ProcessesOfRun(TMPDIR=run_temp_dir) as watch:
+        process = _popen(*args, "--step_sleep", "0.1", env={"TMPDIR": run_temp_dir})
+        try:
+            # Stopped once the script's own checkpoint of epoch 0 is written and epoch 1 is under way.
+            wait_for(lambda: os.path.exists(work / "events.jsonl") and any(
+                e["kind"] == "epoch_end" for e in events(str(work))), timeout=240, interval=0.3)
+            watch.scan()
+            training = set(watch.seen) - {process.pid}
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert process.returncode == 143, output[-3000:]
     assert _first_line(output).startswith("local mode: one node, 2 rank(s) on this machine"), output[:500]
     assert "run 'stop' stopped by SIGTERM: every rank was sent SIGTERM" in output, output[-3000:]
     assert not os.path.exists(work / "final.json")
-    _nothing_left(run_temp_dir, [])
+    assert len(training) >= 2, f"the two ranks were not seen while they trained: {watch.seen}"
+    _nothing_left(run_temp_dir, watch)
 
     again = run_cli(*args, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
