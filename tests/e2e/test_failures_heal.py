@@ -13,6 +13,7 @@ import os
 import random
 
 import pytest
+import torch
 from cli_runs import failure_of, run_command, run_spec
 from conftest import REPO, run_cli
 from specs import lightning_spec, torch_spec
@@ -100,10 +101,11 @@ def test_a_lightning_worker_killed_at_a_random_step_then_one_frozen_are_each_rec
     # One failure each: the slow validation was not taken for a hang.
     assert result.restarts == 2, f"kill at step {KILL_STEP}, freeze at {freeze_at}: {result.failures}"
     _, frozen = result.failures
-    assert frozen["time"] - frozen_marker.stat().st_mtime <= HANG_TIMEOUT_S + 8
-    assert 1 in {r["rank"] for r in frozen["ranks"] if r["kind"] in ("hang", "infrastructure")}
-    if frozen["hang"]:
-        assert frozen["hang"]["what"] == "stopped answering" and frozen["hang"]["ranks"] == [1]
+    # The freeze was judged a hang of rank 1 (it is the agent's child: Ray sees nothing wrong with
+    # its worker), within the timeout of the freeze, give or take a heartbeat and a loaded machine.
+    assert frozen["classification"] == "hang", frozen
+    assert frozen["hang"]["what"] == "stopped answering" and frozen["hang"]["ranks"] == [1], frozen["hang"]
+    assert HANG_TIMEOUT_S - 1.5 <= frozen["time"] - frozen_marker.stat().st_mtime <= HANG_TIMEOUT_S + 10, frozen
     assert result.global_step == clean_lightning.global_step
     assert result.weights_sha256 == clean_lightning.weights_sha256, f"kill at step {KILL_STEP}, freeze at {freeze_at}"
 
@@ -199,7 +201,10 @@ def test_a_stop_whose_grace_runs_out_ends_the_workers_and_keeps_every_committed_
 
     import yaml
 
-    spec = torch_spec("no-grace", tmp_path, "faulty:slow_loop", sleep_s=0.5)
+    # Rank 0 notes its live weights after step 10 (weights_at_step.py): what that checkpoint must hold.
+    noted = tmp_path / "weights-at-10.pt"
+    spec = torch_spec("no-grace", tmp_path, "weights_at_step:slow_loop_noting_weights", sleep_s=0.5, weights_at=10,
+                      weights_to=str(noted))
     path = tmp_path / "no-grace.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests", "helpers"), "ORCHESTRATOR_STOP_GRACE_S": "0"}
@@ -223,4 +228,16 @@ def test_a_stop_whose_grace_runs_out_ends_the_workers_and_keeps_every_committed_
     summary = _summary(tmp_path / "no-grace")
     assert summary["status"] == "stopped"
     store = CheckpointStore(storage.resolve(str(tmp_path / "no-grace")))
-    assert 10 in [store.verify(i).step for i in store.committed() if i.status == "committed"]
+    at_10 = next((i for i in store.committed() if i.step == 10), None)
+    assert at_10 is not None, [(i.step, i.status) for i in store.scan()]
+    verified = store.verify(at_10)
+    assert verified.status == "committed", (verified.status, verified.problem)
+    # Its weights, read from the file with torch alone, are the rank's own at that step.
+    state = torch.load(os.path.join(_local_path(at_10.uri), "state.pt"), map_location="cpu", weights_only=True)
+    saved, live = state["objects"]["model"], torch.load(noted, map_location="cpu", weights_only=True)
+    assert sorted(saved) == sorted(live), (sorted(saved), sorted(live))
+    assert all(torch.equal(saved[name], live[name]) for name in live), "the step-10 checkpoint holds other weights"
+
+
+def _local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
