@@ -19,7 +19,7 @@ import torch
 from cli_runs import BackgroundRun, run_spec
 from clusters import add_worker_node
 from conftest import REPO, wait_for
-from elastic_jobs import committed_ids, max_step, world_sizes_by_attempt
+from elastic_jobs import committed_ids, max_step, restored_by_attempt, world_sizes_by_attempt
 from node_faults import kill_node, training_worker_pids
 
 from orchestrator.checkpoint import CheckpointStore, loads_state
@@ -124,6 +124,10 @@ def _assert_exactly_once(result, records) -> None:
     assert result.world_sizes_seen[-1] == 3, result.starts
     assert sorted(set(world_sizes_by_attempt(str(records)).values())) == [2, 3]
     assert result.global_step == 2 * STEPS_PER_EPOCH
+    # The starts after the first resumed weights that had trained (by the weights' own count):
+    # the oracle below rolled back what each of them did not hold.
+    restored = restored_by_attempt(str(records))
+    assert list(restored.values())[0] == 0 and any(steps > 0 for steps in list(restored.values())[1:]), restored
     epochs = committed_ids(str(records))
     assert sorted(epochs) == [0, 1]
     for epoch, ids in epochs.items():
