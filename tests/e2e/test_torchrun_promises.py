@@ -1,8 +1,9 @@
 """`orchestrator torchrun` keeps torchrun's promises to scripts the seed does not exercise
 (tests/helpers/torchrun_odd.py): a rank that finished early is not a hang, a script that never steps an
 optimizer is judged by its liveness, `sys.exit(N)` restarts, nothing a rank starts outlives the
-run, every rank's log reaches an object store, no Ray variable reaches a rank, and goodput comes
-from the steps the script actually took."""
+run, every rank's log reaches an object store, no Ray variable reaches a rank (in local mode, those
+Ray sets in the command's process; on Ray, its agent's, the cluster's address and token among them),
+and goodput comes from the steps the script actually took."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pyarrow.fs as pafs
 import pytest
@@ -21,11 +23,13 @@ from orchestrator.processes import is_alive
 pytestmark = pytest.mark.slow
 
 ODD = os.path.join("tests", "helpers", "torchrun_odd.py")
+ENV_SEEN = os.path.join("tests", "helpers", "torchrun_env_seen.py")
 
 
-def _torchrun(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _torchrun(*argv: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`orchestrator torchrun --nproc_per_node 2 ARGV` from this test's shell, with `env` added to it."""
     return subprocess.run([sys.executable, "-m", "orchestrator", "torchrun", "--nproc_per_node", "2", *argv],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def _helper_pids(work) -> list[int]:
@@ -97,3 +101,24 @@ def test_a_failed_run_leaves_none_of_the_processes_its_ranks_started(tmp_path):
     assert done.returncode == 1 and "ValueError: a bug after the helpers started" in done.stderr, done.stderr[-3000:]
     helpers = _helper_pids(work)
     assert len(helpers) == 4 and [pid for pid in helpers if is_alive(pid)] == []
+
+
+@pytest.mark.usefixtures("warm_cluster")
+@pytest.mark.timeout(300)
+def test_on_ray_no_variable_of_the_ray_worker_reaches_a_rank_while_the_shells_and_the_specs_do(tmp_path):
+    """A run on the warm cluster (`on Ray`): each rank's parent is its agent, a Ray Train worker
+    whose environment holds Ray's variables (the cluster's address, its token); the rank has
+    none of them, yet it has what torchrun's promise gives it: a TORCH_ variable of the user's
+    shell and one of `--env`."""
+    shell_mark, env_mark, out = f"shell-{uuid.uuid4().hex}", f"env-{uuid.uuid4().hex}", tmp_path / "seen"
+    done = _torchrun("--storage", str(tmp_path), "--name", "env", "--env", f"ORCHESTRATOR_TEST_ENV_MARK={env_mark}",
+                     ENV_SEEN, "--out", str(out), "--show", "TORCH_ORCHESTRATOR_TEST_MARK",
+                     "--show", "ORCHESTRATOR_TEST_ENV_MARK", env={"TORCH_ORCHESTRATOR_TEST_MARK": shell_mark})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("on Ray"), done.stdout[:500]
+    for rank in (0, 1):
+        seen = json.load(open(out / f"rank-{rank}.json"))
+        assert seen["shown"] == {"TORCH_ORCHESTRATOR_TEST_MARK": shell_mark, "ORCHESTRATOR_TEST_ENV_MARK": env_mark}
+        assert seen["parent"]["command"].startswith("ray::"), seen["parent"]  # a Ray worker process
+        assert {"RAY_ADDRESS", "RAY_AUTH_TOKEN"} <= set(seen["parent"]["ray"]), seen["parent"]
+        assert seen["ray"] == [], seen
