@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 import yaml
@@ -197,10 +198,15 @@ def test_two_nodes_of_two_ranks_get_every_variable_torchrun_gives_and_an_elastic
     assert not scratch_in(run_temp_dir)
 
 
+@pytest.mark.usefixtures("warm_cluster")
 @pytest.mark.timeout(300)
-def test_a_spec_with_a_script_section_stopped_by_sigterm_passes_it_to_every_rank_and_exits_143(tmp_path):
-    """The second way in, `orchestrator run SPEC.yaml` with a script: section, and the driver's
-    SIGTERM: every rank gets it, as under torchrun, and the command exits 143."""
+def test_a_spec_with_a_script_section_stopped_by_sigterm_on_ray_passes_it_to_every_rank_exits_143_and_ends_its_worker(
+        tmp_path, _warm_record):
+    """The second way in, `orchestrator run SPEC.yaml` with a script: section, on Ray (the warm
+    cluster), and the driver's SIGTERM: every rank gets it, as under torchrun, the command exits
+    143, and the Ray Train worker that supervised the ranks ends with the run. That worker is
+    found by Ray's state API (the dashboard's actors, by their own pid) while the ranks step,
+    and is their parent; once the command returned, its process is gone and Ray lists it dead."""
     work, seen = tmp_path / "stop" / "work", tmp_path / "seen"
     spec = tmp_path / "stop.yaml"
     spec.write_text(yaml.safe_dump({
@@ -208,15 +214,55 @@ def test_a_spec_with_a_script_section_stopped_by_sigterm_passes_it_to_every_rank
         "script": {"path": SEED, "nproc_per_node": 2,
                    "args": ["--work_dir", "{run_dir}/work", "--step_sleep", "0.3", "--env_out", str(seen)]},
         "scaling": {"num_workers": 1}}))
-    code, output = _strike_when(["run", str(spec)], work, lambda e: e["kind"] == "first_step",
-                                lambda process: process.send_signal(signal.SIGTERM), timeout=60)
+    record = json.load(open(_warm_record))
+    found = {}
+
+    def while_the_ranks_step(process):
+        found["job"] = job = wait_for(lambda: _job_of_driver(record, process.pid), timeout=60)
+        found["workers"] = wait_for(lambda: _train_workers(record, "ALIVE", job), timeout=60)
+        found["alive"] = [w["pid"] for w in found["workers"].values() if is_alive(w["pid"])]
+        process.send_signal(signal.SIGTERM)
+
+    code, output = _strike_when(["run", str(spec)], work, lambda e: e["kind"] == "first_step", while_the_ranks_step,
+                                timeout=60)
     assert code == 143, output[-3000:]
+    assert output.startswith("on Ray"), output[:500]
     assert "2 ranks up (1 node(s) x 2)" in output
     assert "run 'stop' stopped by SIGTERM: every rank was sent SIGTERM" in output, output[-3000:]
     ranks = [json.load(open(seen / name)) for name in os.listdir(seen)]
     assert sorted(r["RANK"] for r in ranks) == ["0", "1"]
     assert not os.path.exists(work / "final.json")  # stopped part-way, not run to the end
-    # No rank and no supervising worker is left once the command returned (an exited process
-    # that waits for its reaper, a zombie, has ended: CI's init may reap late).
-    for parent in {r["parent_pid"] for r in ranks}:
-        assert not is_alive(parent), f"the supervising worker {parent} is still running"
+    # The supervising worker, as Ray knows it: the one Ray Train worker of this one-node run, and
+    # the ranks' parent (so the pid that is gone below is the worker's, alive while they stepped).
+    job, workers = found["job"], found["workers"]
+    assert len(workers) == 1, workers
+    (actor_id, worker), = workers.items()
+    assert found["alive"] == [worker["pid"]] and {r["parent_pid"] for r in ranks} == {worker["pid"]}, (ranks, found)
+    # No rank and no supervising worker is left once the command returned: its process ends (an
+    # exited process that waits for its reaper, a zombie, has ended: CI's init may reap late)
+    # and Ray says its actor is dead, within the moments Ray takes to end a finished job's workers.
+    wait_for(lambda: not is_alive(worker["pid"]), timeout=30)
+    assert wait_for(lambda: _train_workers(record, "DEAD", job).get(actor_id), timeout=30) == worker
+
+
+def _dashboard(record: dict, path: str):
+    """The warm cluster's dashboard's JSON answer at `path`, asked with the cluster's token."""
+    request = urllib.request.Request(record["dashboard"] + path, headers={"Authorization": f"Bearer {record['token']}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.load(answer)
+
+
+def _job_of_driver(record: dict, pid: int) -> str | None:
+    """The Ray job whose driver is the process `pid` (Ray's Jobs API), once Ray lists it."""
+    return next((job["job_id"] for job in _dashboard(record, "/api/jobs/")
+                 if str((job.get("driver_info") or {}).get("pid")) == str(pid)), None)
+
+
+def _train_workers(record: dict, state: str, job: str) -> dict[str, dict]:
+    """The Ray Train workers of `job` in `state` (ALIVE, DEAD), by actor id, as Ray's state API
+    lists them: each one's pid."""
+    actors = _dashboard(record, "/api/v0/actors?limit=10000&filter_keys=class_name&filter_predicates=%3D"
+                                "&filter_values=RayTrainWorker&filter_keys=state&filter_predicates=%3D"
+                                f"&filter_values={state}")
+    return {actor["actor_id"]: {"pid": actor["pid"]} for actor in actors["data"]["result"]["result"]
+            if actor["job_id"] == job}
