@@ -1,5 +1,7 @@
 """The GPU paths: the GPT job with NCCL and bf16-mixed under each Lightning strategy, saved and
-resumed through the store. Skipped where torch sees no CUDA device (CI has none).
+resumed through the store; ddp on Ray (an embedded cluster: Ray Train's workers with NCCL), fsdp and
+deepspeed in local mode (a one-node run's default). Skipped where torch sees no CUDA device (CI
+has none).
 
 Throughput against plain Lightning on the same GPUs is a benchmark, not a test:
 `python bench/lightning_gpt.py --gpu`.
@@ -30,14 +32,20 @@ def why_no_gpu() -> str | None:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_no_gpu() is not None, reason=why_no_gpu() or "")]
 
 
-def needs_deepspeed(strategy: str):
+def needs_deepspeed(strategy: str, mode: str):
     if strategy != "deepspeed":
-        return strategy
+        return pytest.param(strategy, mode, id=strategy)
     import importlib.util
 
     missing = importlib.util.find_spec("deepspeed") is None
-    return pytest.param(strategy, marks=pytest.mark.skipif(
+    return pytest.param(strategy, mode, id=strategy, marks=pytest.mark.skipif(
         missing, reason="strategy deepspeed needs DeepSpeed: pip install -e '.[deepspeed]'"))
+
+
+# Each strategy's path: ddp on Ray, where Ray Train forms its workers' NCCL group; the others as a
+# one-node run goes by default, in local mode.
+MODES = {"ddp": "ray", "fsdp": "auto", "deepspeed": "auto"}
+FIRST_LINE = {"ray": "on Ray (--ray)", "auto": "local mode: one node"}
 
 
 def gpt_spec(name, storage, strategy, max_steps):
@@ -58,13 +66,15 @@ def gpt_spec(name, storage, strategy, max_steps):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("strategy", [needs_deepspeed(s) for s in ("ddp", "fsdp", "deepspeed")])
-def test_the_gpt_job_trains_on_gpus_with_nccl_and_bf16_and_resumes_from_its_checkpoint(tmp_path, strategy):
-    first = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 30), console=None)
+@pytest.mark.parametrize(("strategy", "mode"), [needs_deepspeed(s, m) for s, m in MODES.items()])
+def test_the_gpt_job_trains_on_gpus_with_nccl_and_bf16_and_resumes_from_its_checkpoint(tmp_path, strategy, mode):
+    said: list[str] = []
+    first = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 30), mode=mode, console=said.append)
     assert first.status == "finished", first.error
+    assert said[0].startswith(FIRST_LINE[mode]), said[:3]
     assert math.isfinite(first.metrics["loss"]) and first.metrics["loss"] < math.log(100)
 
-    again = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 50), console=None)
+    again = orchestrator.run(gpt_spec("gpt", tmp_path, strategy, 50), mode=mode, console=said.append)
     assert again.status == "finished", again.error
     assert again.resumed_from["step"] == 30 and again.global_step == 50
     newest = CheckpointStore.for_run(again.run_dir).committed()[-1]

@@ -46,13 +46,14 @@ BACKGROUND = ["nice", "-n", "19"]
 
 
 def run(command: list[str], env: dict[str, str], timeout: float) -> str:
+    """What `command` printed, stdout first; an AssertionError with its output if it failed."""
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{output[-5000:]}"
     return output
 
 
-def test_the_bundle_installs_offline_into_the_gpu_image_and_the_quickstart_and_a_torchrun_script_run(tmp_path):
+def test_the_bundle_installs_offline_into_the_gpu_image_and_the_quickstart_runs_and_a_torchrun_script_on_ray(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     bundle, image = tmp_path / "whl", tmp_path / "image"
@@ -81,15 +82,19 @@ def test_the_bundle_installs_offline_into_the_gpu_image_and_the_quickstart_and_a
         # The venv's own commands, as a user's shell with the venv first on PATH finds them.
         user = {**env, "PATH": f"{image / 'bin'}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(image)}
         runs = tmp_path / "runs"
-        run([str(image / "bin" / "orchestrator"), "run", "jobs/quickstart.yaml", "--set", f"storage={runs}"],
-            user, timeout=400)
+        quickstart = run([str(image / "bin" / "orchestrator"), "run", "jobs/quickstart.yaml", "--set",
+                          f"storage={runs}"], user, timeout=400)
+        assert quickstart.startswith("local mode: "), quickstart[:500]
         with open(runs / "digits-quickstart" / "summary.json") as f:
             summary = json.load(f)
         assert summary["status"] == "finished" and summary["metrics"]["test_acc"] > 0.9, summary
 
-        run([str(image / "bin" / "orchestrator"), "torchrun", "--nproc_per_node", "2", "--storage", str(runs),
-             "--name", "seed", "tests/helpers/torchrun_seed.py", "--work_dir", "{run_dir}/work", "--epochs", "1"],
-            user, timeout=400)
+        # On Ray: an embedded cluster of the bundle's slimmed Ray, its agent a Ray Train worker.
+        on_ray = run([str(image / "bin" / "orchestrator"), "torchrun", "--ray", "--nproc_per_node", "2", "--storage",
+                      str(runs), "--name", "seed", "tests/helpers/torchrun_seed.py", "--work_dir", "{run_dir}/work",
+                      "--epochs", "1"], user, timeout=400)
+        # The first line is the mode chosen; the ranks coming up on Ray need the cluster started.
+        assert on_ray.startswith("on Ray (--ray)") and "2 ranks up (1 node(s) x 2)" in on_ray, on_ray[-3000:]
         with open(runs / "seed" / "work" / "final.json") as f:
             assert json.load(f)["world_size"] == 2
     finally:
