@@ -3,8 +3,8 @@ run"): the first asks the workers for a stop checkpoint within the grace; the se
 are still at it, ends the run then and there: exit 143, the ranks ended, and nothing already
 committed touched.
 
-The run is a real `orchestrator run` of the digits ctx job in local mode (one node: its first line
-says so), whose rank 0 holds one step for far longer than the grace and hears no stop, so that
+The run is a real `orchestrator run` of the digits ctx job, in local mode (one node: its first line
+says so) and on the session's warm Ray cluster (Ray Train's workers as the agents), whose rank 0 holds one step for far longer than the grace and hears no stop, so that
 only the second signal can end the run before the grace runs out.
 """
 
@@ -74,8 +74,11 @@ class Command:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("path", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_a_second_sigterm_ends_a_stopping_run_at_once_with_exit_143_keeping_what_was_committed(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, request, path):
+    if path == "ray":
+        request.getfixturevalue("warm_cluster")  # the run joins it, as after `orchestrator up`
     monkeypatch.setenv("ORCHESTRATOR_STOP_GRACE_S", str(GRACE_S))
     marker, pids = tmp_path / "holding", tmp_path / "pids"
     pids.mkdir()
@@ -101,7 +104,7 @@ def test_a_second_sigterm_ends_a_stopping_run_at_once_with_exit_143_keeping_what
         run.kill()
 
     first = next(line for line in output.splitlines() if not line.startswith("run name: "))
-    assert first.startswith("local mode: one node, 2 rank(s)"), output[:2000]
+    assert first.startswith("local mode: one node, 2 rank(s)" if path == "local" else "on Ray"), output[:2000]
     assert f"grace {GRACE_S:.1f} s; signal again to stop at once" in requested, requested
     assert code == 143, output[-4000:]
     assert took < AT_ONCE_S, took
