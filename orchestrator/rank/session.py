@@ -231,7 +231,7 @@ class WorkerSession:
     def _decide(self, keep: Callable[[str], bool] | None) -> dict[str, Any]:
         """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
         begun = self.monitor.begin_attempt(self.world_size)
-        candidate = begun.latest_uri or self.resume_uri
+        candidate = self._or_newer_committed(begun.latest_uri or self.resume_uri)
         point = choose_resume_point(self.store, candidate, keep)
         self._rank0_restored = point.restored
         if point.fallback_cause is not None:
@@ -240,6 +240,18 @@ class WorkerSession:
             self.monitor.send(ResumeFallback(wanted=candidate, cause=point.fallback_cause, uri=point.uri))
         # A failed decision keeps the checkpoint wanted: the start's error names it.
         return {"attempt": begun.attempt, "uri": point.uri, "error": point.error}
+
+    def _or_newer_committed(self, candidate: str | None) -> str | None:
+        """`candidate`, or this run's newest committed checkpoint where that is newer: a save killed
+        between its commit and its announcement is on storage, newer than what the monitor heard
+        of. Safe at every start: before any rank trains, the driver supersedes this run's
+        checkpoints past an older resume point, so the newest left is the resume point's or this run's."""
+        newest = self.store.latest_committed().info
+        step = _step_named(candidate) if candidate else -1
+        if newest is None or step is None or newest.step <= step:
+            return candidate
+        log.info("resuming from %s, committed after the last checkpoint announced (%s)", newest.uri, candidate)
+        return newest.uri
 
     def announce(self, restored: Restored | None) -> None:
         self.monitor.send(RankStarted(
@@ -461,3 +473,10 @@ def _flush_logs() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass  # the agent is gone, or the stream closed
+
+
+def _step_named(uri: str) -> int | None:
+    """The step in a checkpoint URI's folder name (`.../step-000000030`, an object store's query
+    string aside); None if it names none."""
+    name = uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return int(name[len("step-"):]) if name.startswith("step-") and name[len("step-"):].isdigit() else None

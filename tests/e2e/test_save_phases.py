@@ -99,11 +99,6 @@ def test_a_run_killed_at_every_phase_of_its_own_saves_resumes_to_the_clean_weigh
     assert run.final.leftovers == set() and run.final.committed == FINAL, run.final
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "rank 0 resumes from the newest checkpoint the monitor was told of (session._decide: "
-    "begun.latest_uri): a save killed after its commit but before its CheckpointCommitted event "
-    "(locally at published or verified, on S3 at manifest_written or verified) is committed on "
-    "storage and kept by the replay, yet the restart resumes from the one before it"))
 @pytest.mark.timeout(1500)
 def test_after_each_kill_the_ranks_resume_from_the_newest_checkpoint_committed_even_one_not_yet_announced(killed):
     where, run = killed
