@@ -74,7 +74,8 @@ class Command:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("path", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a real run on each path (the local one too, as the suite's other local runs)
+@pytest.mark.parametrize("path", ["local", "ray"])
 def test_a_second_sigterm_ends_a_stopping_run_at_once_with_exit_143_keeping_what_was_committed(
         tmp_path, monkeypatch, request, path):
     if path == "ray":
