@@ -10,16 +10,12 @@ only the second signal can end the run before the grace runs out.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
-import yaml
-from conftest import REPO, wait_for
+from conftest import wait_for
+from signalled_runs import SignalledRun
 from specs import torch_spec
 
 from orchestrator import storage
@@ -37,42 +33,6 @@ FIRST_ALONE_S = 3
 HOLD_AT = 12  # after the checkpoint of step 10 (every_n_steps: 10)
 
 
-class Command:
-    """`orchestrator run SPEC.yaml` as a user's shell starts it, its output read as it comes."""
-
-    def __init__(self, spec: dict, spec_dir: str):
-        path = os.path.join(spec_dir, f"{spec['name']}.yaml")
-        with open(path, "w") as f:
-            yaml.safe_dump(spec, f)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(REPO, "tests", "helpers"),
-                                                                         os.environ.get("PYTHONPATH")]))}
-        self.lines: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", path], cwd=REPO, env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def line(self, starting: str, timeout: float) -> str:
-        found = wait_for(lambda: next((l for l in list(self.lines) if l.startswith(starting)), None)
-                         or self.process.poll() is not None, timeout=timeout, interval=0.1)
-        assert isinstance(found, str), "no such line; the run printed:\n" + "\n".join(self.lines[-40:])
-        return found
-
-    def finish(self, timeout: float) -> tuple[int, str]:
-        code = self.process.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code, "\n".join(self.lines)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.slow  # a real run on each path (the local one too, as the suite's other local runs)
 @pytest.mark.parametrize("path", ["local", "ray"])
@@ -85,21 +45,17 @@ def test_a_second_sigterm_ends_a_stopping_run_at_once_with_exit_143_keeping_what
     pids.mkdir()
     spec = torch_spec("twice", tmp_path, loop="held_step:train_loop", hold_at=HOLD_AT, hold_s=HOLD_S,
                       marker=str(marker), pids_dir=str(pids))
-    run = Command(spec, str(tmp_path))
+    run = SignalledRun(spec, str(tmp_path))
     try:
         wait_for(lambda: marker.exists() or run.process.poll() is not None, timeout=240, interval=0.2)
         assert run.process.poll() is None, "the run ended before it could be stopped:\n" + "\n".join(run.lines[-40:])
-        run.process.send_signal(signal.SIGTERM)
-        requested = run.line("stop requested:", timeout=60)
+        run.send(signal.SIGTERM)
+        requested = run.line(lambda line: line.startswith("stop requested:"), timeout=60)
         time.sleep(FIRST_ALONE_S)
         assert run.process.poll() is None, "the first SIGTERM alone ended the run:\n" + "\n".join(run.lines[-40:])
         second = time.monotonic()
-        run.process.send_signal(signal.SIGTERM)
-        try:
-            code, output = run.finish(timeout=AT_ONCE_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the second SIGTERM did not end the run within {AT_ONCE_S} s:\n"
-                                 + "\n".join(run.lines[-40:])) from None
+        run.send(signal.SIGTERM)
+        code, output = run.finish(timeout=AT_ONCE_S)  # an AssertionError with its output if it does not end
         took = time.monotonic() - second
     finally:
         run.kill()
