@@ -13,12 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-import ray
 from cli_runs import BackgroundRun
 from clusters import cluster_with_rays_defaults
 from conftest import wait_for
-from node_faults import kill_node, training_worker_pids
-from ray.cluster_utils import Cluster
+from node_faults import drain_for_preemption, kill_node, training_worker_pids
 from specs import torch_spec
 
 from orchestrator import storage
@@ -117,16 +115,6 @@ def test_a_node_lost_on_a_cluster_with_rays_own_health_checks_is_replaced_in_the
 PREEMPTION_DEADLINE_S = 10
 
 
-def _drain_for_preemption(cluster: Cluster, node, deadline_s: float) -> None:
-    """What a cloud's spot reclaim does through Ray's autoscaler: drain the node with a deadline."""
-    from ray.core.generated import autoscaler_pb2
-
-    gcs = ray._raylet.GcsClient(address=cluster.address)
-    accepted, why = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                   "spot instance reclaimed (test)", int((time.time() + deadline_s) * 1000))
-    assert accepted, why
-
-
 @pytest.mark.timeout(600)
 def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_failure(
         three_node_cluster, tmp_path, clean_torch, monkeypatch):
@@ -146,7 +134,7 @@ def test_a_preempted_node_is_checkpointed_before_it_goes_and_its_loss_is_not_a_f
     doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
     try:
         deadline = time.monotonic() + PREEMPTION_DEADLINE_S
-        _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
+        drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
         store = CheckpointStore(storage.resolve(str(tmp_path / "preempted")))
         saved = wait_for(lambda: [i for i in store.committed() if i.manifest.reason == "preemption"] or run.ended(),
                          timeout=PREEMPTION_DEADLINE_S)

@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-import ray
 import yaml
 from cli_runs import failure_of
 from conftest import REPO, wait_for
-from node_faults import kill_node, training_worker_pids
+from node_faults import drain_for_preemption, kill_node, training_worker_pids
 from specs import torch_spec
 
 from orchestrator import storage
@@ -29,16 +27,6 @@ pytestmark = pytest.mark.slow
 
 # Seconds between the preemption notice and the node's end (clouds give 30 s to 2 min).
 PREEMPTION_DEADLINE_S = 10
-
-
-def _drain_for_preemption(cluster, node, deadline_s: float) -> None:
-    """What a cloud's spot reclaim does through Ray's autoscaler: drain the node with a deadline."""
-    from ray.core.generated import autoscaler_pb2
-
-    gcs = ray._raylet.GcsClient(address=cluster.address)
-    accepted, why = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                   "spot instance reclaimed (test)", int((time.time() + deadline_s) * 1000))
-    assert accepted, why
 
 
 @pytest.mark.timeout(600)
@@ -62,7 +50,7 @@ def test_a_preemption_past_max_preemptions_fails_the_run_naming_the_budget_and_k
         wait_for(lambda: marker.exists() or run.poll() is not None, timeout=240)
         assert run.poll() is None, run.communicate()
         doomed = next(n for n in cluster.worker_nodes if training_worker_pids(n))
-        _drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
+        drain_for_preemption(cluster, doomed, deadline_s=PREEMPTION_DEADLINE_S)
         stdout, stderr = run.communicate(timeout=240)
     finally:
         if run.poll() is None:

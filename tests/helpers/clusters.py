@@ -93,23 +93,11 @@ def three_nodes(shared_loopback_cluster):
     shared_loopback_cluster.done_with_one_test()
 
 
-@contextlib.contextmanager
 def cluster_with_rays_defaults(nodes: int = 2, cpus: int = 2):
     """A head without CPUs (the driver's side) and `nodes` nodes of `cpus` CPUs, on loopback, with
     Ray's own health checks (no `_system_config`): a node that dies is declared dead when Ray's
     defaults say, 15-30 s later, as on a user's cluster. Its own, not the shared one (whose head has
     fast checks); shut down, with this process's Ray connection, at the end."""
-    import ray
-    from node_faults import LOOPBACK
-    from ray.cluster_utils import Cluster
+    from node_faults import loopback_cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK})
-    try:
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=cpus, node_ip_address=LOOPBACK)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.shutdown()
+    return loopback_cluster(nodes, cpus, fast_health_checks=False)

@@ -20,16 +20,18 @@ FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_thre
 
 
 @contextlib.contextmanager
-def loopback_cluster(nodes: int = 3) -> Iterator[Cluster]:
-    """A head without CPUs (the driver's side, fast node-death checks) and `nodes` 1-CPU nodes;
-    shut down, with this process's Ray connection, at the end."""
+def loopback_cluster(nodes: int = 3, cpus: int = 1, *, fast_health_checks: bool = True) -> Iterator[Cluster]:
+    """A head without CPUs (the driver's side; fast node-death checks, or Ray's own) and `nodes`
+    nodes of `cpus` CPUs; shut down, with this process's Ray connection, at the end."""
     import ray
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_HEALTH_CHECKS,
-                                                            "node_ip_address": LOOPBACK})
+    head = {"num_cpus": 0, "node_ip_address": LOOPBACK}
+    if fast_health_checks:
+        head["_system_config"] = FAST_HEALTH_CHECKS
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for _ in range(nodes):
-            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+            cluster.add_node(num_cpus=cpus, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
         yield cluster
     finally:
@@ -133,3 +135,16 @@ def slowed_node(node, share: float) -> Iterator[None]:
         with open(os.path.join(path, "cgroup.procs")) as f:
             move([int(line) for line in f if line.strip()], root)
         os.rmdir(path)
+
+
+def drain_for_preemption(cluster: Cluster, node, deadline_s: float) -> None:
+    """What a cloud's spot reclaim does through Ray's autoscaler: drain the node with a deadline."""
+    import time
+
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._raylet.GcsClient(address=cluster.address)
+    accepted, why = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                   "spot instance reclaimed (test)", int((time.time() + deadline_s) * 1000))
+    assert accepted, why
