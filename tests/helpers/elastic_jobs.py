@@ -160,8 +160,11 @@ def committed_ids(folder: str) -> dict[int, list[int]]:
     (by their own count, restored_by_attempt), whatever step the orchestrator said it resumed at:
     so a resume that restored older weights but kept the step counter loses those steps here."""
     restored = restored_by_attempt(folder)
+    entries = list(_lines(folder, "attempt-"))
+    unnoted = sorted({entry["attempt"] for entry in entries} - set(restored))
+    assert not unnoted, f"attempts {unnoted} took steps but noted no start (_note_start): the oracle cannot tell what they restored"
     epochs: dict[int, list[int]] = {}
-    for entry in _lines(folder, "attempt-"):
+    for entry in entries:
         kept_up_to = min((steps for attempt, steps in restored.items() if attempt > entry["attempt"]),
                          default=entry["step"])
         if entry["step"] <= kept_up_to:
