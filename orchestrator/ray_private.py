@@ -1,6 +1,6 @@
 """Every use of Ray's private API, in one place, checked against the Ray versions it was read in.
 
-Ray offers no public way to do these three things; each is wrapped here, and each raises a clear
+Ray offers no public way to do these four things; each is wrapped here, and each raises a clear
 error on a Ray version outside CHECKED_RAY (pyproject.toml pins the same range), instead of
 failing somewhere inside Ray. `tests/unit/test_ray_private.py` fails on any private name of Ray,
 Lightning or torch used outside this module.
@@ -12,6 +12,8 @@ Lightning or torch used outside this module.
 - The worker-local preemption notice of Ray Train V2: the public `ray.train.get_preemption_info()`
   is a barrier through an actor, too slow to call at every step.
 - The logger name of Ray's token-auth notice, to keep it off an embedded cluster's console.
+- A trainer without Ray Train's datasets callback, whose Ray Data actor every group start would
+  otherwise start and never use.
 """
 
 from __future__ import annotations
@@ -90,3 +92,19 @@ def preemption_notice():
         return get_train_context().preemption_context.preemption_info
     except (ImportError, AttributeError, RuntimeError):
         return None
+
+
+def without_dataset_actors(trainer_class: type) -> type:
+    """`trainer_class` whose worker-group starts start no Ray Data DatasetManager actor: Ray
+    Train's default DatasetsCallback starts one at every group start even when the trainer was
+    given no datasets, as ours never is (the ranks read their data themselves)."""
+    _check_version()
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+
+    class Trainer(trainer_class):
+        def _create_default_callbacks(self):
+            return [callback for callback in super()._create_default_callbacks()
+                    if not isinstance(callback, DatasetsCallback)]
+
+    Trainer.__name__ = Trainer.__qualname__ = trainer_class.__name__
+    return Trainer

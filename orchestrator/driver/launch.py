@@ -224,7 +224,9 @@ def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[s
     if scaling.use_gpu:
         resources.setdefault("GPU", 1.0)
     ray_dir = RunDir.at(worker_config.run_uri).ray
-    return TorchTrainer(
+    from orchestrator.ray_private import without_dataset_actors
+
+    return without_dataset_actors(TorchTrainer)(
         train_loop_per_worker=train_worker,
         train_loop_config=worker_config.to_config(),
         torch_config=TorchConfig(timeout_s=job.failure.collective_timeout_s),

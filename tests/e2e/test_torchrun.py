@@ -221,6 +221,9 @@ def test_a_spec_with_a_script_section_stopped_by_sigterm_on_ray_passes_it_to_eve
         found["job"] = job = wait_for(lambda: _job_of_driver(record, process.pid), timeout=60)
         found["workers"] = wait_for(lambda: _train_workers(record, "ALIVE", job), timeout=60)
         found["alive"] = [w["pid"] for w in found["workers"].values() if is_alive(w["pid"])]
+        # The controller's actors of this job: Ray Train's default callbacks would start a Ray Data
+        # DatasetManager at every group start, which a run with no Ray datasets never uses.
+        found["actors"] = {actor["class_name"] for actor in _actors(record, job)}
         process.send_signal(signal.SIGTERM)
 
     code, output = _strike_when(["run", str(spec)], work, lambda e: e["kind"] == "first_step", while_the_ranks_step,
@@ -238,6 +241,7 @@ def test_a_spec_with_a_script_section_stopped_by_sigterm_on_ray_passes_it_to_eve
     assert len(workers) == 1, workers
     (actor_id, worker), = workers.items()
     assert found["alive"] == [worker["pid"]] and {r["parent_pid"] for r in ranks} == {worker["pid"]}, (ranks, found)
+    assert {"TrainController", "RayTrainWorker"} <= found["actors"] and "DatasetManager" not in found["actors"], found
     # No rank and no supervising worker is left once the command returned: its process ends (an
     # exited process that waits for its reaper, a zombie, has ended: CI's init may reap late)
     # and Ray says its actor is dead, within the moments Ray takes to end a finished job's workers.
@@ -250,6 +254,12 @@ def _dashboard(record: dict, path: str):
     request = urllib.request.Request(record["dashboard"] + path, headers={"Authorization": f"Bearer {record['token']}"})
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.load(answer)
+
+
+def _actors(record: dict, job: str) -> list[dict]:
+    """Every actor of `job`, alive or dead, as Ray's state API lists them."""
+    actors = _dashboard(record, "/api/v0/actors?limit=10000")
+    return [actor for actor in actors["data"]["result"]["result"] if actor["job_id"] == job]
 
 
 def _job_of_driver(record: dict, pid: int) -> str | None:

@@ -16,6 +16,7 @@ ALLOWED = {
         "ray._private.authentication.authentication_token_setup._enable_token_auth",
         "ray._raylet.AuthenticationTokenLoader",
         "ray._raylet.Config",
+        "ray.train.v2._internal.callbacks.DatasetsCallback",
         "ray.train.v2._internal.execution.context.get_train_context",
     },
 }
