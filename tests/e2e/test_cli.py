@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import REPO, run_cli, wait_for
-from specs import STEPS_PER_EPOCH, torch_spec
+from specs import STEPS_PER_EPOCH, lightning_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
@@ -105,28 +105,30 @@ DRIVER_KILL_STEP = int(os.environ.get("ORCHESTRATOR_TEST_DRIVER_KILL_STEP", rand
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_once_dead_is_taken_over_to_the_clean_weights(
-        tmp_path, clean_torch):
-    # The session's clean torch run (tests/helpers/specs.py), slowed down so the driver can be killed
-    # mid-run; the driver that takes over trains the same spec without the sleeps, and must end
-    # with the clean run's weights, bit for bit.
+@pytest.mark.timeout(600)
+def test_a_killed_lightning_drivers_run_on_ray_refuses_a_second_driver_while_live_says_driver_died_and_the_same_command_takes_it_over_to_the_clean_weights(
+        tmp_path, clean_lightning):
+    # The session's clean Lightning run (tests/helpers/specs.py), slowed down so that the driver can
+    # be killed mid-run (README: exact resume after a killed driver; docs/checkpoints.md, "One
+    # writer per run" and "Listing runs"). The same command then takes the run over at once and
+    # must end with the clean run's weights, bit for bit.
     import yaml
 
     state_dir = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "tests", "helpers"), "ORCHESTRATOR_STATE_DIR": str(state_dir)}
     marker = tmp_path / "marker"
     job = tmp_path / "job.yaml"
-    # Rank 0 holds for 30 s at the marked step (under failure.hang_timeout_s, 60 s): the driver is
-    # killed there however long the refusal below takes on a loaded machine.
-    job.write_text(yaml.safe_dump(torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop", sleep_s=0.2,
-                                             marker=str(marker), mark_at=DRIVER_KILL_STEP, hold_s=30)))
+    # Rank 0 holds for 30 s at the marked step (under failure.hang_timeout_s, 60 s), once: the driver
+    # is killed there however long the refusal below takes on a loaded machine.
+    job.write_text(yaml.safe_dump(lightning_spec("driver-killed", tmp_path, "faulty.SlowClassifier", sleep_s=0.2,
+                                                 marker=str(marker), mark_at=DRIVER_KILL_STEP, hold_s=30)))
     # --ray: the embedded cluster a killed driver leaves is what the next one must clean up.
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--ray"],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    command = [sys.executable, "-m", "orchestrator", "run", str(job), "--ray"]
+    driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:
         session_dir = _session_of_driver(state_dir, timeout=120)
+        first = next(line for line in driver.stdout if not line.startswith("run name: "))
         for line in driver.stdout:
             if "checkpoint committed" in line:
                 break
@@ -143,18 +145,26 @@ def test_a_killed_drivers_run_refuses_a_second_driver_while_live_and_once_dead_i
     finally:
         if driver.poll() is None:
             driver.kill()
+    assert first.startswith("on Ray"), first
     time.sleep(2)
     orphans = session_pids(session_dir)
     assert orphans, "expected Ray's agents to outlive a SIGKILLed driver"
 
-    # Taken over at once: the holder's pid is gone.
-    job.write_text(yaml.safe_dump(torch_spec("driver-killed", tmp_path)))
-    result = run_cli("run", str(job), env=env)
+    status = run_cli("status", "driver-killed", "--storage", str(tmp_path), env=env, timeout=120)
+    assert status.returncode == 0 and "driver died" in status.stdout, status.stdout + status.stderr
+
+    # The same command: taken over at once (its holder's pid is gone on this host, so no watch of
+    # its heartbeat), the killed driver's cluster ended, the run resumed to the clean weights.
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    again = next(line for line in result.stdout.splitlines() if not line.startswith("run name: "))
+    assert again.startswith("on Ray"), result.stdout[:2000]
     assert "resuming from step" in result.stdout, f"driver killed at step {DRIVER_KILL_STEP}"
+    assert "watching its heartbeat" not in result.stdout + result.stderr, result.stdout[-3000:]
     summary = json.loads((tmp_path / "driver-killed" / "summary.json").read_text())
     assert 10 <= summary["resumed_from"]["step"] < 3 * STEPS_PER_EPOCH
-    assert summary["weights_sha256"] == clean_torch.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"
+    assert summary["global_step"] == clean_lightning.global_step
+    assert summary["weights_sha256"] == clean_lightning.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"
     wait_for(lambda: not session_pids(session_dir), timeout=30)
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 from cli_runs import run_spec
 from conftest import REPO, assert_resumed_to_clean_weights, run_cli, wait_for
-from specs import STEPS_PER_EPOCH, lightning_spec, torch_spec
+from specs import STEPS_PER_EPOCH, torch_spec
 
 pytestmark = pytest.mark.slow
 
@@ -95,14 +95,15 @@ def _kill_driver_at_its_marker(spec: dict, path, marker) -> None:
 
 
 @pytest.mark.timeout(500)
-def test_a_sigkilled_lightning_driver_re_submitted_ends_with_identical_weights(tmp_path, clean_lightning):
-    # The torch job's case is test_cli's killed-driver test, which also has a second driver refused.
+def test_a_sigkilled_torch_driver_re_submitted_ends_with_identical_weights(tmp_path, clean_torch):
+    # In local mode, the torch job; the Lightning job's case is test_cli's killed driver on Ray,
+    # which also has a second driver refused and `status` saying the driver died.
     import yaml
 
     marker = tmp_path / "marker"
-    slow = lightning_spec("driver-killed", tmp_path, "faulty.SlowClassifier", sleep_s=0.2,
-                          marker=str(marker), mark_at=DRIVER_KILL_STEP)
-    again = lightning_spec("driver-killed", tmp_path, "faulty.SlowClassifier", sleep_s=0.0)
+    slow = torch_spec("driver-killed", tmp_path, loop="faulty:slow_loop", sleep_s=0.2, marker=str(marker),
+                      mark_at=DRIVER_KILL_STEP)
+    again = torch_spec("driver-killed", tmp_path)
     _kill_driver_at_its_marker(slow, tmp_path / "job.yaml", marker)
 
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(again))
@@ -111,4 +112,4 @@ def test_a_sigkilled_lightning_driver_re_submitted_ends_with_identical_weights(t
     assert "resuming from step" in result.stdout, f"driver killed at step {DRIVER_KILL_STEP}"
     summary = json.loads((tmp_path / "driver-killed" / "summary.json").read_text())
     assert 10 <= summary["resumed_from"]["step"] < 3 * STEPS_PER_EPOCH
-    assert summary["weights_sha256"] == clean_lightning.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"
+    assert summary["weights_sha256"] == clean_torch.weights_sha256, f"driver killed at step {DRIVER_KILL_STEP}"

@@ -225,18 +225,24 @@ def slow_loop_killed_once(ctx) -> None:
 
 
 class SlowClassifier(DigitsClassifier):
-    """The quickstart model, slowed down; rank 0 writes `marker` after optimizer step `mark_at`."""
+    """The quickstart model, slowed down; rank 0 writes `marker` after optimizer step `mark_at`,
+    and with `hold_s` then waits that long, once (the run that wrote the marker), so the run is
+    still there however long the test takes to act on it."""
 
-    def __init__(self, sleep_s: float = 0.2, marker: str | None = None, mark_at: int | None = None, **kwargs):
+    def __init__(self, sleep_s: float = 0.2, marker: str | None = None, mark_at: int | None = None,
+                 hold_s: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self._slow = (sleep_s, marker, mark_at)
+        self._slow = (sleep_s, marker, mark_at, hold_s)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         import time
 
-        sleep_s, marker, mark_at = self._slow
+        sleep_s, marker, mark_at, hold_s = self._slow
         time.sleep(sleep_s)
-        _mark(marker, self.trainer.global_step, mark_at, self.global_rank)
+        if marker and not os.path.exists(marker):
+            _mark(marker, self.trainer.global_step, mark_at, self.global_rank)
+            if os.path.exists(marker):
+                time.sleep(hold_s)
 
 
 class CustomCheckpoint(ModelCheckpoint):
