@@ -32,7 +32,8 @@ OWNED_TRAINER_ARGS = {
     "devices": "the number of workers is scaling.num_workers",
     "num_nodes": "the number of workers is scaling.num_workers",
     "accelerator": "scaling.use_gpu chooses the accelerator",
-    "plugins": "the orchestrator installs Ray's cluster environment plugin",
+    "plugins": "the orchestrator passes its own: TorchElasticEnvironment, which reads the torchrun variables "
+               "the node's agent gives each rank, and the CheckpointIO that writes into the store",
     "enable_checkpointing": "checkpoints are configured under checkpoint:",
     "default_root_dir": "the run directory is <storage>/<name>",
     "callbacks": "list them under lightning.callbacks as {class_path, init_args}",
