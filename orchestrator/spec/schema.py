@@ -71,7 +71,7 @@ YAML_SHAPES: dict[tuple[type, str], dict[str, Any]] = {
 }
 # Keys the YAML accepts beyond the typed fields.
 EXTRA_PROPERTIES: dict[type, dict[str, dict[str, Any]]] = {
-    LightningSpec: {"config": {"type": ["string", "null"], "description": (
+    LightningSpec: {"config": {"type": ["string", "null"], "default": None, "description": (
         "A LightningCLI config file (model, data, trainer, seed_everything) used as this section; the "
         "section's own fields win over the file's.")}},
 }
