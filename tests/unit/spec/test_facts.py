@@ -8,12 +8,15 @@ import copy
 import dataclasses
 import functools
 import json
+import re
 
+import jsonschema
 import pytest
 
+from orchestrator.errors import SpecError
 from orchestrator.spec import validate
 from orchestrator.spec.data import ColumnSpec, DataSourceSpec
-from orchestrator.spec.facts import key_of
+from orchestrator.spec.facts import facts_of, key_of
 from orchestrator.spec.model import (
     CheckpointSpec,
     ClassRef,
@@ -135,3 +138,25 @@ def test_the_fields_a_section_cannot_do_without_are_the_ones_its_schema_requires
     path = next(p for c, _, _, p in SECTIONS.values() if c is cls)
     without_default = [f.name for f in dataclasses.fields(cls) if declared_default(f) is dataclasses.MISSING]
     assert without_default == schema_of(path).get("required", [])
+
+
+BOUNDED = [(section, f.name) for section, (cls, _, _, _) in SECTIONS.items() for f in dataclasses.fields(cls)
+           if (facts_of(f).minimum is not None or facts_of(f).above is not None) and not facts_of(f).derived]
+
+
+@pytest.mark.parametrize(("section", "name"), BOUNDED, ids=[f"{s}.{n}" for s, n in BOUNDED])
+def test_a_value_past_a_fields_declared_bound_is_refused_by_validation_and_by_the_schema(section, name):
+    cls, raw, place, _ = SECTIONS[section]
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    facts = facts_of(f)
+    past = facts.above if facts.above is not None else facts.minimum - 1
+    value = {"CPU": past} if isinstance(declared_default(f), dict) else past
+    bad = without_field(raw, place, key_of(f))
+    node = bad
+    for part in place:
+        node = node[part]
+    node[key_of(f)] = value
+    with pytest.raises(SpecError, match=re.escape(".".join([*place, key_of(f)]))):
+        validate(bad, read_only=True)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, _schema())
