@@ -322,23 +322,25 @@ def _scaling(raw: Any) -> ScalingSpec:
 def _worker_range(value: Any) -> tuple[int, int]:
     """scaling.num_workers: a whole number, or an elastic [min, max]."""
     where = "field 'scaling.num_workers'"
+    least = int(facts_of(field_of(ScalingSpec, "num_workers")).minimum)
     if isinstance(value, (list, tuple)):
         if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
             raise SpecError(f"{where}: got {list(value)!r}; an elastic size is two whole numbers [min, max]. "
                             "Fix: e.g. num_workers: [2, 4] (or one number for a fixed size).")
         low, high = value
-        if low < 1:
+        if low < least:
             raise SpecError(f"{where}: [{low}, {high}] has min {low}, but at least one worker must train. "
-                            f"Fix: num_workers: [1, {max(high, 1)}].")
+                            f"Fix: num_workers: [{least}, {max(high, least)}].")
         if low > high:
             raise SpecError(f"{where}: [{low}, {high}] has min {low} above max {high}. "
                             f"Fix: num_workers: [{high}, {low}].")
         return low, high
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{where}: got {describe(value)}, expected a whole number >= 1 or an elastic range "
-                        "[min, max]. Fix: e.g. num_workers: 2 or num_workers: [1, 4].")
-    if value < 1:
-        raise SpecError(f"{where}: got {value}, but it must be at least 1. Fix: set scaling.num_workers to 1 or more.")
+        raise SpecError(f"{where}: got {describe(value)}, expected a whole number >= {least} or an elastic range "
+                        f"[min, max]. Fix: e.g. num_workers: 2 or num_workers: [{least}, 4].")
+    if value < least:
+        raise SpecError(f"{where}: got {value}, but it must be at least {least}. "
+                        f"Fix: set scaling.num_workers to {least} or more.")
     return value, value
 
 
