@@ -36,6 +36,8 @@ def read(raw: Mapping[str, Any], cls: type, name: str, path: str, default: Any =
         assert facts.minimum is not None, f"{cls.__name__}.{name} declares no bound"
     if kind is int:
         return integer(raw, name, path, default, minimum=int(facts.minimum))
+    # The spec's floats are durations (a least number of seconds) and ratios (above a bound);
+    # each reader says the unit in its message.
     if kind is float and facts.above is not None:
         return ratio(raw, name, path, default, above=facts.above)
     if kind is float:
