@@ -238,7 +238,7 @@ class JobSpec:
     resume_from: str = "latest"
     # Seeds python, numpy and torch on every rank (each rank offsets by its rank).
     seed: int = option(0, minimum=0)
-    # A LightningModule and LightningDataModule to train (exactly one of lightning / torch).
+    # A LightningModule and LightningDataModule to train (exactly one of lightning / torch / script).
     lightning: LightningSpec | None = None
     # A plain PyTorch loop, train_loop(ctx), to train (exactly one of lightning / torch / script).
     torch: TorchSpec | None = None
