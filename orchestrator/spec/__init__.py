@@ -2,6 +2,7 @@
 DeepSpeed and schema parts. Knows nothing of Ray.
 
     model.py     the frozen dataclasses JobSpec and its sections (what the rest of the code trusts)
+    facts.py     option(): each field's default, bounds, choices and key, declared once on the field
     load.py      a file, mapping or JobSpec in, overrides applied, validated once (resolve_spec)
     validate.py  the rules; fields.py the typed field readers and import_object
     imports.py   what needs an import to check (Lightning's signatures, the user's code): last

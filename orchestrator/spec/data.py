@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.errors import nearest
 from orchestrator.spec import fields as s
+from orchestrator.spec.facts import option
 
 SOURCES = ("train", "val", "test")
 
@@ -30,7 +31,7 @@ SOURCES = ("train", "val", "test")
 @dataclass(frozen=True)
 class ColumnSpec:
     # The Parquet column (default: the tensor's own name).
-    column: str | None = None
+    column: str | None = option(None, depends="the tensor's own name")
     # The tensor's dtype: float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8 or
     # bool (default: the column's own type).
     dtype: str | None = None
@@ -41,19 +42,19 @@ class ColumnSpec:
 @dataclass(frozen=True)
 class DataSourceSpec:
     # A Parquet file, a directory of them (read recursively), or a pyarrow.fs URI (s3://...).
-    path: str
+    path: str = option(example="data/train.parquet")
     # Which tensors a batch holds: tensor name -> {column, dtype, shape} (a list of column names
     # takes them as they are). Default: every column.
     columns: dict[str, ColumnSpec] = field(default_factory=dict)
     # Samples per worker per forward pass; with scaling.global_batch_size, the largest micro-batch.
-    batch_size: int = 32
+    batch_size: int = option(32, minimum=1)
     # Shuffle every epoch: the row groups, then the rows within each window of row groups, as a
-    # function of (seed, epoch) only.
-    shuffle: bool = True
+    # function of (seed, epoch) only (default: true for train, false for val and test).
+    shuffle: bool = option(True, depends="true for train, false for val and test")
     # Drop the epoch's last, incomplete global batch.
     drop_last: bool = False
     # Row groups shuffled together (and kept decoded per worker): more mixes better, costs memory.
-    window: int = 4
+    window: int = option(4, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def parse_data(raw: Any) -> DataSpec | None:
 def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
     s.mapping(raw, path)
     s.check_keys(raw, DataSourceSpec, path)
-    location = s.require(raw, "path", path, str, example="data/train.parquet")
+    location = s.read(raw, DataSourceSpec, "path", path)
     if "://" not in location:
         # Relative to where the command runs (as the spec's class paths are), fixed now: the
         # workers run elsewhere.
@@ -101,19 +102,19 @@ def _source(raw: Any, path: str, *, training: bool) -> DataSourceSpec:
         column = column or {}
         s.mapping(column, where)
         s.check_keys(column, ColumnSpec, where)
-        dtype = s.optional(column, "dtype", where, str, None)  # one of torch's: check_dtypes
+        dtype = s.read(column, ColumnSpec, "dtype", where)  # one of torch's: check_dtypes
         shape = column.get("shape")
         if shape is not None and (not isinstance(shape, list) or not shape or
                                   not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
             raise s.SpecError(f"field '{where}.shape': got {s.describe(shape)}; a sample's shape is a list of "
                               "positive whole numbers. Fix: e.g. shape: [8, 8].")
-        columns[str(name)] = ColumnSpec(column=s.optional(column, "column", where, str, None) or str(name),
+        columns[str(name)] = ColumnSpec(column=s.read(column, ColumnSpec, "column", where) or str(name),
                                         dtype=dtype, shape=list(shape) if shape else None)
     return DataSourceSpec(path=location, columns=columns,
-                          batch_size=s.integer(raw, "batch_size", path, 32, minimum=1),
-                          shuffle=s.boolean(raw, "shuffle", path, training),
-                          drop_last=s.boolean(raw, "drop_last", path, False),
-                          window=s.integer(raw, "window", path, 4, minimum=1))
+                          batch_size=s.read(raw, DataSourceSpec, "batch_size", path),
+                          shuffle=s.read(raw, DataSourceSpec, "shuffle", path, default=training),
+                          drop_last=s.read(raw, DataSourceSpec, "drop_last", path),
+                          window=s.read(raw, DataSourceSpec, "window", path))
 
 
 def check_dtypes(data: DataSpec | None) -> None:

@@ -1,14 +1,57 @@
 """Typed readers of spec fields, each raising one SpecError paragraph naming the field path, the
-value given and the fix; and `import_object`, the one way a spec's dotted name is imported."""
+value given and the fix; `read`, which reads a field as its declaration says (its type, default,
+bounds and choices: facts.py); and `import_object`, the one way a spec's dotted name is imported."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import sys
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.errors import SpecError, nearest
+from orchestrator.spec.facts import default_of, facts_of, field_of
+
+_SAME = object()
+
+
+def read(raw: Mapping[str, Any], cls: type, name: str, path: str, default: Any = _SAME) -> Any:
+    """Field `name` of section `cls` from `raw`, checked as its declaration says: a required one
+    (no default) must be given; a number is checked against its bounds, a choice against its
+    choices. `default` replaces the declared one where it depends on other fields."""
+    facts = facts_of(field_of(cls, name))
+    default = default_of(cls, name) if default is _SAME else default
+    kind = _kind(cls, name)
+    if default is dataclasses.MISSING:
+        return require(raw, name, path, kind, example=facts.example)
+    if facts.choices:
+        return choice(raw, name, path, facts.choices, default)
+    if kind is bool:
+        return boolean(raw, name, path, default)
+    if kind in (int, float) and facts.above is None:
+        assert facts.minimum is not None, f"{cls.__name__}.{name} declares no bound"
+    if kind is int:
+        return integer(raw, name, path, default, minimum=int(facts.minimum))
+    # The spec's floats are durations (a least number of seconds) and ratios (above a bound);
+    # each reader says the unit in its message.
+    if kind is float and facts.above is not None:
+        return ratio(raw, name, path, default, above=facts.above)
+    if kind is float:
+        return seconds(raw, name, path, default, minimum=facts.minimum)
+    return optional(raw, name, path, kind, default)
+
+
+@functools.cache
+def _kind(cls: type, name: str) -> type:
+    """The field's type, without None: str, int, float, bool, dict or list."""
+    hint = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))[name]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return typing.get_origin(hint) or hint
 
 
 def check_keys(raw: Mapping[str, Any], cls: type, path: str, extra: tuple[str, ...] = ()) -> None:
@@ -75,13 +118,13 @@ def seconds(raw: Mapping[str, Any], key: str, path: str, default: float, minimum
     return float(value)
 
 
-def ratio(raw: Mapping[str, Any], key: str, path: str, default: float) -> float:
-    """A ratio above 1 (how many times a value may exceed another's)."""
+def ratio(raw: Mapping[str, Any], key: str, path: str, default: float, above: float = 1.0) -> float:
+    """A ratio above `above` (how many times a value may exceed another's)."""
     value = raw.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 1:
-        raise SpecError(f"field '{path}.{key}': got {describe(value)}; it must be a ratio above 1. "
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= above:
+        raise SpecError(f"field '{path}.{key}': got {describe(value)}; it must be a ratio above {above:g}. "
                         f"Fix: e.g. {key}: {default:g}.")
     return float(value)
 

@@ -12,9 +12,10 @@ import yaml
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.deepspeed import STRATEGY_CLASS_PATHS
+from orchestrator.spec.facts import to_keys
 from orchestrator.spec.fields import describe
 from orchestrator.spec.files import load_spec_file
-from orchestrator.spec.model import JobSpec
+from orchestrator.spec.model import CheckpointSpec, JobSpec
 from orchestrator.spec.validate import validate
 
 
@@ -80,7 +81,7 @@ def resolve_spec(spec: JobSpec | Mapping[str, Any] | str | os.PathLike,
             return spec
         spec = spec.to_dict()
         spec = {k: v for k, v in spec.items() if v is not None}
-        spec["checkpoint"] = {("async" if k == "async_save" else k): v for k, v in spec["checkpoint"].items()}
+        spec["checkpoint"] = to_keys(CheckpointSpec, spec["checkpoint"])
         kind = "lightning" if spec.get("lightning") else "torch"
         if kind == "lightning":
             lightning = spec["lightning"]

@@ -2,10 +2,12 @@
 job YAML (a `# yaml-language-server: $schema=spec.schema.json` line at the top of a spec).
 
 It is generated from the typed spec that validates (the dataclasses of spec/model.py): each property
-comes from a field, with its type from the annotation, its default, and its description from the
-comment written above the field. Where the YAML is written differently from the typed model, the
-difference is stated once, in YAML_SHAPES and the aliases. Validation itself stays in spec/validate.py
-(the schema cannot express every rule: a global batch that every world size can split, say).
+comes from a field, with its type from the annotation, its default, its bounds, its choices and its
+key from the field's declaration (facts.py), and its description from the comment written above the
+field; a field without a default is required. Where the YAML is written in a shape of its own (an
+elastic [min, max], one logger or a list), the shape is stated once, in YAML_SHAPES. Validation
+itself stays in spec/validate.py (the schema cannot express every rule: a global batch that every
+world size can split, say).
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from typing import Any
 
 from orchestrator.data.parquet import DTYPES
 from orchestrator.spec.data import ColumnSpec, DataSourceSpec, DataSpec
+from orchestrator.spec.facts import default_of, facts_of, field_of, key_of
 from orchestrator.spec.model import (
-    LIGHTNING_STRATEGIES,
-    TORCH_STRATEGIES,
     CheckpointSpec,
     ClassRef,
     FailureSpec,
@@ -41,43 +42,39 @@ DEEPSPEED_NAMES = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_
 SCHEMA_ID = "https://orchestrator.invalid/spec.schema.json"
 CLASS_REF = {"$ref": "#/$defs/ClassRef"}
 
-# Fields whose YAML form differs from the typed one: (dataclass, field) -> schema, or None when
-# the field is not written in YAML at all (derived by validation).
-YAML_SHAPES: dict[tuple[type, str], dict[str, Any] | None] = {
-    (ScalingSpec, "num_workers"): {
-        "anyOf": [{"type": "integer", "minimum": 1},
-                  {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2}],
-        "description": "Training workers (DDP ranks), or [min, max]: elastic.",
-    },
-    (ScalingSpec, "min_workers"): None,  # written as num_workers: [min, max]
-    (ScalingSpec, "placement"): {"enum": ["spread", "pack"]},
-    (KeepBestSpec, "mode"): {"enum": ["min", "max"]},
-    (TorchSpec, "strategy"): {"enum": list(TORCH_STRATEGIES)},
-    (LightningSpec, "strategy"): None,  # written as lightning.trainer.strategy
-    (LightningSpec, "deepspeed"): None,  # written as lightning.trainer.strategy
-    (LightningSpec, "trainer"): {"properties": {"strategy": {
-        "anyOf": [{"enum": [*LIGHTNING_STRATEGIES, *DEEPSPEED_NAMES]}, CLASS_REF], "default": "ddp",
+
+def _worker_count() -> dict[str, Any]:
+    least = facts_of(field_of(ScalingSpec, "num_workers")).minimum
+    return {"anyOf": [{"type": "integer", "minimum": least},
+                      {"type": "array", "items": {"type": "integer", "minimum": least}, "minItems": 2, "maxItems": 2}],
+            "description": "Training workers (DDP ranks), or [min, max]: elastic."}
+
+
+def _lightning_strategy() -> dict[str, Any]:
+    choices = facts_of(field_of(LightningSpec, "strategy")).choices
+    return {"properties": {"strategy": {
+        "anyOf": [{"enum": [*choices, *DEEPSPEED_NAMES]}, CLASS_REF], "default": default_of(LightningSpec, "strategy"),
         "description": ("How the workers share the model: ddp (a full copy per worker), fsdp (sharded with "
                         "FSDP2), deepspeed (ZeRO stage 2; or deepspeed_stage_1/2/3, ..._offload), or "
-                        "{class_path: lightning.pytorch.strategies.DeepSpeedStrategy, init_args: {...}}.")}}},
+                        "{class_path: lightning.pytorch.strategies.DeepSpeedStrategy, init_args: {...}}.")}}}
+
+
+# Fields written in a shape of their own rather than their type's: (dataclass, field) -> schema.
+YAML_SHAPES: dict[tuple[type, str], dict[str, Any]] = {
+    (ScalingSpec, "num_workers"): _worker_count(),
+    (LightningSpec, "trainer"): _lightning_strategy(),
     (LightningSpec, "logger"): {"anyOf": [CLASS_REF, {"type": "array", "items": CLASS_REF}]},
     (DataSourceSpec, "columns"): {"anyOf": [
         {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/ColumnSpec"}, {"type": "null"}]}},
         {"type": "array", "items": {"type": "string"}}]},
-    (ScriptSpec, "args"): {"type": "array", "items": {"type": "string"}},
     (ColumnSpec, "dtype"): {"anyOf": [{"enum": list(DTYPES)}, {"type": "null"}]},
 }
-# YAML key for a field, where the two differ.
-ALIASES = {(CheckpointSpec, "async_save"): "async"}
 # Keys the YAML accepts beyond the typed fields.
 EXTRA_PROPERTIES: dict[type, dict[str, dict[str, Any]]] = {
-    LightningSpec: {"config": {"type": ["string", "null"], "description": (
+    LightningSpec: {"config": {"type": ["string", "null"], "default": None, "description": (
         "A LightningCLI config file (model, data, trainer, seed_everything) used as this section; the "
         "section's own fields win over the file's.")}},
 }
-# (lightning.data is required unless the spec has a data: section: validation says so.)
-REQUIRED = {JobSpec: ["name"], DataSourceSpec: ["path"], ClassRef: ["class_path"], TorchSpec: ["train_loop"],
-            LightningSpec: ["model"], KeepBestSpec: ["monitor"]}
 SPEC_CLASSES = (JobSpec, LightningSpec, TorchSpec, ScriptSpec, ScalingSpec, CheckpointSpec, KeepBestSpec, FailureSpec,
                 ClassRef, DataSpec, DataSourceSpec, ColumnSpec)
 
@@ -97,26 +94,42 @@ def _object(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     comments = field_comments(cls)
     properties: dict[str, Any] = {}
+    required = []
     for f in dataclasses.fields(cls):
-        shape = YAML_SHAPES.get((cls, f.name), {})
-        if shape is None:
-            continue
-        # A shape that says which values are allowed replaces the annotation's type; one that
-        # only adds (properties, a description) extends it.
-        prop = dict(shape) if "anyOf" in shape or "enum" in shape else {**_type(hints[f.name]), **shape}
-        default = _default(f)
-        if default is not dataclasses.MISSING:
-            prop["default"] = default
-        if f.name in comments and "description" not in prop:
-            prop["description"] = comments[f.name]
-        properties[ALIASES.get((cls, f.name), f.name)] = prop
+        facts = facts_of(f)
+        if facts.derived:
+            continue  # not written under a key of its own
+        properties[key_of(f)] = _property(cls, f, hints[f.name], comments.get(f.name))
+        if default_of(cls, f.name) is dataclasses.MISSING and not facts.depends:
+            required.append(key_of(f))
     properties.update(EXTRA_PROPERTIES.get(cls, {}))
     out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
         out["description"] = inspect.cleandoc(cls.__doc__)
-    if cls in REQUIRED:
-        out["required"] = REQUIRED[cls]
+    if required:
+        out["required"] = required
     return out
+
+
+def _property(cls: type, f: dataclasses.Field, hint: Any, comment: str | None) -> dict[str, Any]:
+    """One field's schema: its shape or its type, its choices, its bounds, its default, its description."""
+    facts, shape = facts_of(f), YAML_SHAPES.get((cls, f.name), {})
+    # A shape that says which values are allowed replaces the annotation's type; one that only
+    # adds (properties, a description) extends it.
+    prop = dict(shape) if "anyOf" in shape or "enum" in shape else {**_type(hint), **shape}
+    if facts.choices:
+        prop = {"enum": list(facts.choices)}
+    bounded = prop.get("additionalProperties", prop)  # a mapping's bounds are its values
+    if facts.minimum is not None and "anyOf" not in shape:
+        bounded["minimum"] = facts.minimum
+    if facts.above is not None:
+        bounded["exclusiveMinimum"] = facts.above
+    default = _default(f)
+    if default is not dataclasses.MISSING and not facts.depends:
+        prop["default"] = default
+    if comment and "description" not in prop:
+        prop["description"] = comment
+    return prop
 
 
 def _type(hint: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.fields import check_keys, describe, integer, mapping, optional
+from orchestrator.spec.fields import check_keys, describe, mapping, read
 from orchestrator.spec.model import NAME_PATTERN, ScriptSpec
 
 # What {placeholders} in the script's arguments may name (agent/children.py fills them in).
@@ -67,19 +67,19 @@ def parse_script(raw: Any) -> ScriptSpec:
     path = "script"
     mapping(raw, path)
     check_keys(raw, ScriptSpec, path)
-    file = optional(raw, "path", path, str, None)
-    module = optional(raw, "module", path, str, None)
+    file = read(raw, ScriptSpec, "path", path)
+    module = read(raw, ScriptSpec, "module", path)
     if (file is None) == (module is None):
         raise SpecError(
             f"the script: section has {'both' if file else 'neither'} of 'path' and 'module'; it needs exactly one. "
             "Fix: set script.path to the training script (e.g. train.py), or script.module to a module run as "
             "with `python -m` (e.g. mypackage.train).")
-    args = optional(raw, "args", path, list, [])
+    args = read(raw, ScriptSpec, "args", path)
     for i, arg in enumerate(args):
         if not isinstance(arg, (str, int, float)) or isinstance(arg, bool):
             raise SpecError(f"field 'script.args[{i}]': got {describe(arg)}; each argument must be a string. "
                             "Fix: quote it, e.g. '--lr=0.1'.")
-    nproc = integer(raw, "nproc_per_node", path, 1, minimum=1)
+    nproc = read(raw, ScriptSpec, "nproc_per_node", path)
     return ScriptSpec(path=file, module=module, args=[str(a) for a in args], nproc_per_node=nproc)
 
 

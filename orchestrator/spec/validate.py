@@ -13,29 +13,15 @@ from typing import Any
 from orchestrator.errors import SpecError, nearest
 from orchestrator.spec.data import parse_data
 from orchestrator.spec.deepspeed import check_deepspeed_scaling, is_deepspeed
-from orchestrator.spec.fields import (
-    boolean,
-    check_import_path,
-    check_keys,
-    choice,
-    describe,
-    integer,
-    mapping,
-    optional,
-    ratio,
-    require,
-    seconds,
-)
+from orchestrator.spec.facts import aliases, default_of, facts_of, field_of
+from orchestrator.spec.fields import check_import_path, check_keys, describe, integer, mapping, read, require
 from orchestrator.spec.imports import check_user_code, check_with_libraries
 from orchestrator.spec.lightning import checkpoint_settings, is_model_checkpoint, merge_checkpoint
 from orchestrator.spec.lightning_cli import merge_lightning_config
 from orchestrator.spec.model import (
-    DEFAULT_STORAGE,
     LIGHTNING_STRATEGIES,
     NAME_PATTERN,
     OWNED_TRAINER_ARGS,
-    PLACEMENTS,
-    TORCH_STRATEGIES,
     CheckpointSpec,
     ClassRef,
     FailureSpec,
@@ -78,17 +64,17 @@ def _read(raw: dict[str, Any]) -> tuple[JobSpec, Any]:
     """Every section's keys, types and values, and the rules between sections, importing nothing;
     and lightning.trainer.strategy as written when it names DeepSpeed (checked with Lightning)."""
     check_keys(raw, JobSpec, "")
-    name = require(raw, "name", "", str, example="digits-ddp")
+    name = read(raw, JobSpec, "name", "")
     if not NAME_PATTERN.match(name):
         raise SpecError(
             f"field 'name': {name!r} cannot name a run directory. Fix: use letters, digits, '.', '_' "
             "or '-' only, starting with a letter or digit (at most 128 characters), e.g. 'digits-ddp'."
         )
-    storage = optional(raw, "storage", "", str, DEFAULT_STORAGE)
+    storage = read(raw, JobSpec, "storage", "")
     if not storage.strip():
         raise SpecError("field 'storage': got an empty string. Fix: name a directory or URI, e.g. ~/orchestrator-runs.")
-    resume_from = str(optional(raw, "resume_from", "", (str,), "latest"))
-    seed = integer(raw, "seed", "", 0, minimum=0)
+    resume_from = read(raw, JobSpec, "resume_from", "")
+    seed = read(raw, JobSpec, "seed", "")
 
     has_lightning = raw.get("lightning") is not None
     has_torch = raw.get("torch") is not None
@@ -151,10 +137,10 @@ def _lightning(raw: Any, data_section: bool = False) -> tuple[LightningSpec, dic
                         "(data.train.path), from which the orchestrator builds the loaders.")
     else:
         data = _class_ref(require(raw, "data", path, dict), f"{path}.data")
-    trainer = dict(optional(raw, "trainer", path, dict, {}))
+    trainer = dict(read(raw, LightningSpec, "trainer", path))
     if trainer.get("logger") in (False, None):
         trainer.pop("logger", None)  # off is the default; loggers go under lightning.logger
-    strategy_value = trainer.pop("strategy", raw.get("strategy", "ddp"))
+    strategy_value = trainer.pop("strategy", raw.get("strategy", default_of(LightningSpec, "strategy")))
     strategy = "deepspeed" if is_deepspeed(strategy_value) else str(strategy_value)
     if strategy not in LIGHTNING_STRATEGIES:
         raise SpecError(
@@ -269,17 +255,17 @@ def _torch(raw: Any) -> TorchSpec:
     path = "torch"
     mapping(raw, path)
     check_keys(raw, TorchSpec, path)
-    loop = require(raw, "train_loop", path, str, example="jobs.digits_torch:train_loop")
+    loop = read(raw, TorchSpec, "train_loop", path)
     check_import_path(loop, f"{path}.train_loop")  # imported last: imports.py
-    config = dict(optional(raw, "config", path, dict, {}))
-    max_epochs = integer(raw, "max_epochs", path, None, minimum=1)
-    max_steps = integer(raw, "max_steps", path, None, minimum=1)
+    config = dict(read(raw, TorchSpec, "config", path))
+    max_epochs = read(raw, TorchSpec, "max_epochs", path)
+    max_steps = read(raw, TorchSpec, "max_steps", path)
     if max_epochs is None and max_steps is None:
         raise SpecError(
             "field 'torch': neither max_epochs nor max_steps is set, so the run would never end. "
             "Fix: set torch.max_epochs (e.g. 5) or torch.max_steps (e.g. 1000)."
         )
-    strategy = choice(raw, "strategy", path, TORCH_STRATEGIES, "ddp")
+    strategy = read(raw, TorchSpec, "strategy", path)
     return TorchSpec(train_loop=loop, config=config, max_epochs=max_epochs, max_steps=max_steps, strategy=strategy)
 
 
@@ -300,29 +286,31 @@ def _scaling(raw: Any) -> ScalingSpec:
     path = "scaling"
     mapping(raw, path)
     check_keys(raw, ScalingSpec, path)
-    workers = raw.get("num_workers", 2)
+    workers = raw.get("num_workers", default_of(ScalingSpec, "num_workers"))
     if raw.get("min_workers") is not None and isinstance(workers, int) and not isinstance(workers, bool):
         workers = [raw["min_workers"], workers]  # the form JobSpec.to_dict() writes
     low, high = _worker_range(workers)
-    global_batch = integer(raw, "global_batch_size", path, None, minimum=1)
-    per_node = integer(raw, "nproc_per_node", path, 1, minimum=1)
+    global_batch = read(raw, ScalingSpec, "global_batch_size", path)
+    per_node = read(raw, ScalingSpec, "nproc_per_node", path)
     if global_batch is not None:
         _check_global_batch(global_batch, low, high, per_node)
-    use_gpu = boolean(raw, "use_gpu", path, False)
+    use_gpu = read(raw, ScalingSpec, "use_gpu", path)
     # A worker holds its ranks' resources: a CPU (and a GPU) each, unless the spec says otherwise.
-    default = agent_resources(raw, per_node, use_gpu) if per_node > 1 else {"CPU": 1.0}
-    resources = optional(raw, "resources_per_worker", path, dict, default)
+    default = agent_resources(raw, per_node, use_gpu) if per_node > 1 else default_of(ScalingSpec,
+                                                                                      "resources_per_worker")
+    resources = read(raw, ScalingSpec, "resources_per_worker", path, default)
+    least = facts_of(field_of(ScalingSpec, "resources_per_worker")).minimum
     for key, value in resources.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least:
             raise SpecError(
                 f"field 'scaling.resources_per_worker.{key}': got {value!r}; a resource amount must be a "
                 "non-negative number. Fix: write e.g. resources_per_worker: {CPU: 1}."
             )
-    placement = choice(raw, "placement", path, PLACEMENTS, "spread")
+    placement = read(raw, ScalingSpec, "placement", path)
     return ScalingSpec(
         num_workers=high,
         min_workers=low,
-        resize_interval_s=seconds(raw, "resize_interval_s", path, 30.0, minimum=1.0),
+        resize_interval_s=read(raw, ScalingSpec, "resize_interval_s", path),
         global_batch_size=global_batch,
         use_gpu=use_gpu,
         resources_per_worker={str(k): float(v) for k, v in resources.items()},
@@ -334,23 +322,25 @@ def _scaling(raw: Any) -> ScalingSpec:
 def _worker_range(value: Any) -> tuple[int, int]:
     """scaling.num_workers: a whole number, or an elastic [min, max]."""
     where = "field 'scaling.num_workers'"
+    least = int(facts_of(field_of(ScalingSpec, "num_workers")).minimum)
     if isinstance(value, (list, tuple)):
         if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
             raise SpecError(f"{where}: got {list(value)!r}; an elastic size is two whole numbers [min, max]. "
                             "Fix: e.g. num_workers: [2, 4] (or one number for a fixed size).")
         low, high = value
-        if low < 1:
+        if low < least:
             raise SpecError(f"{where}: [{low}, {high}] has min {low}, but at least one worker must train. "
-                            f"Fix: num_workers: [1, {max(high, 1)}].")
+                            f"Fix: num_workers: [{least}, {max(high, least)}].")
         if low > high:
             raise SpecError(f"{where}: [{low}, {high}] has min {low} above max {high}. "
                             f"Fix: num_workers: [{high}, {low}].")
         return low, high
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{where}: got {describe(value)}, expected a whole number >= 1 or an elastic range "
-                        "[min, max]. Fix: e.g. num_workers: 2 or num_workers: [1, 4].")
-    if value < 1:
-        raise SpecError(f"{where}: got {value}, but it must be at least 1. Fix: set scaling.num_workers to 1 or more.")
+        raise SpecError(f"{where}: got {describe(value)}, expected a whole number >= {least} or an elastic range "
+                        f"[min, max]. Fix: e.g. num_workers: 2 or num_workers: [{least}, 4].")
+    if value < least:
+        raise SpecError(f"{where}: got {value}, but it must be at least {least}. "
+                        f"Fix: set scaling.num_workers to {least} or more.")
     return value, value
 
 
@@ -376,30 +366,30 @@ def _check_global_batch(global_batch: int, low: int, high: int, per_node: int = 
     )
 
 
-_CHECKPOINT_ALIASES = {"async": "async_save"}
-
-
 def _checkpoint(raw: Any) -> CheckpointSpec:
     path = "checkpoint"
     mapping(raw, path)
-    raw = {_CHECKPOINT_ALIASES.get(k, k): v for k, v in raw.items()}
-    check_keys(raw, CheckpointSpec, path, extra=("async",))
+    keys = aliases(CheckpointSpec)
+    raw = {keys.get(k, k): v for k, v in raw.items()}
+    check_keys(raw, CheckpointSpec, path, extra=tuple(keys))
     every_s = raw.get("every_n_seconds")
-    if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0):
+    above = facts_of(field_of(CheckpointSpec, "every_n_seconds")).above
+    if every_s is not None and (isinstance(every_s, bool) or not isinstance(every_s, (int, float))
+                                or every_s <= above):
         raise SpecError(
             f"field 'checkpoint.every_n_seconds': got {every_s!r}; it must be a positive number of seconds "
             "or null. Fix: e.g. every_n_seconds: 600."
         )
     return CheckpointSpec(
-        every_n_steps=integer(raw, "every_n_steps", path, None, minimum=1),
+        every_n_steps=read(raw, CheckpointSpec, "every_n_steps", path),
         every_n_seconds=float(every_s) if every_s is not None else None,
-        at_epoch_end=boolean(raw, "at_epoch_end", path, True),
-        # Written out as null: keep every checkpoint (absent: the default, 3).
-        keep_last=None if "keep_last" in raw and raw["keep_last"] is None else integer(raw, "keep_last", path, 3,
-                                                                                     minimum=1),
+        at_epoch_end=read(raw, CheckpointSpec, "at_epoch_end", path),
+        # Written out as null: keep every checkpoint (absent: the declared default).
+        keep_last=None if "keep_last" in raw and raw["keep_last"] is None else read(raw, CheckpointSpec,
+                                                                                    "keep_last", path),
         keep_best=_keep_best(raw.get("keep_best")),
-        async_save=boolean(raw, "async_save", path, True),
-        on_preemption=boolean(raw, "on_preemption", path, True),
+        async_save=read(raw, CheckpointSpec, "async_save", path),
+        on_preemption=read(raw, CheckpointSpec, "on_preemption", path),
     )
 
 
@@ -409,24 +399,16 @@ def _keep_best(raw: Any) -> KeepBestSpec | None:
     path = "checkpoint.keep_best"
     mapping(raw, path)
     check_keys(raw, KeepBestSpec, path)
-    monitor = require(raw, "monitor", path, str, example="val_loss")
-    return KeepBestSpec(k=integer(raw, "k", path, 1, minimum=1), monitor=monitor,
-                        mode=choice(raw, "mode", path, ("min", "max"), "min"))
+    monitor = read(raw, KeepBestSpec, "monitor", path)
+    return KeepBestSpec(k=read(raw, KeepBestSpec, "k", path), monitor=monitor,
+                        mode=read(raw, KeepBestSpec, "mode", path))
 
 
 def _failure(raw: Any) -> FailureSpec:
     path = "failure"
     mapping(raw, path)
     check_keys(raw, FailureSpec, path)
-    return FailureSpec(max_failures=integer(raw, "max_failures", path, 3, minimum=-1),
-                       max_preemptions=integer(raw, "max_preemptions", path, -1, minimum=-1),
-                       hang_timeout_s=seconds(raw, "hang_timeout_s", path, 60.0, minimum=5.0),
-                       startup_timeout_s=seconds(raw, "startup_timeout_s", path, 1800.0, minimum=5.0),
-                       checkpoint_timeout_s=seconds(raw, "checkpoint_timeout_s", path, 1800.0, minimum=5.0),
-                       finish_timeout_s=seconds(raw, "finish_timeout_s", path, 1800.0, minimum=5.0),
-                       capacity_timeout_s=seconds(raw, "capacity_timeout_s", path, 600.0, minimum=10.0),
-                       straggler_ratio=ratio(raw, "straggler_ratio", path, 1.3),
-                       straggler_after_s=seconds(raw, "straggler_after_s", path, 20.0, minimum=1.0))
+    return FailureSpec(**{f.name: read(raw, FailureSpec, f.name, path) for f in dataclasses.fields(FailureSpec)})
 
 
 def _env(raw: Any) -> dict[str, str]:
@@ -449,7 +431,7 @@ def _class_ref(raw: dict[str, Any], path: str) -> ClassRef:
         if key not in allowed:
             raise SpecError(f"field '{path}.{key}' is not a valid key{nearest(key, allowed)}. "
                             "Valid keys: class_path, init_args.")
-    class_path = require(raw, "class_path", path, str, example="jobs.digits.DigitsClassifier")
+    class_path = read(raw, ClassRef, "class_path", path)
     check_import_path(class_path, f"{path}.class_path")  # imported last: imports.py
-    init_args = optional(raw, "init_args", path, dict, {})
+    init_args = read(raw, ClassRef, "init_args", path)
     return ClassRef(class_path=class_path, init_args=dict(init_args))

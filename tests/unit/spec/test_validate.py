@@ -158,6 +158,15 @@ def test_a_valid_spec_becomes_typed_objects_with_documented_defaults():
     assert (spec.failure.straggler_ratio, spec.failure.straggler_after_s) == (1.3, 20.0)
 
 
+def test_trainer_plugins_are_refused_naming_what_the_orchestrator_passes_instead():
+    with pytest.raises(SpecError) as info:
+        validate(with_(LIGHTNING, "lightning.trainer.plugins", []), read_only=True)
+    message = str(info.value)
+    assert "lightning.trainer.plugins" in message and "remove 'plugins'" in message
+    # The ranks are the agent's children, without Ray: the environment comes from torchrun's variables.
+    assert "TorchElasticEnvironment" in message and "torchrun variables" in message and "Ray" not in message
+
+
 def test_an_elastic_range_and_a_global_batch_become_min_max_and_round_trip():
     spec = validate(with_(with_(TORCH, "scaling.num_workers", [1, 3]), "scaling.global_batch_size", 96))
     assert (spec.scaling.min_workers, spec.scaling.num_workers) == (1, 3) and spec.scaling.elastic
