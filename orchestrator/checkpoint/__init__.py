@@ -9,7 +9,8 @@ import importlib
 _WHERE = {
     "Serialized": "files", "StorageFull": "files", "Manifest": "manifest", "dumps_state": "serialization",
     "loads_state": "serialization", "CheckpointInfo": "store", "CheckpointStore": "store",
-    "AsyncCheckpointWriter": "writer",
+    "AsyncCheckpointWriter": "writer", "CheckpointSource": "source", "Restored": "source", "NotHeld": "source",
+    "StoreSource": "store_source", "NearestFirst": "nearest",
 }
 
 __all__ = sorted(_WHERE)
