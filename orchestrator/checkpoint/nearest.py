@@ -6,6 +6,8 @@ rank holds it (storage), or when each rank's own sources hold it; the group resu
 newest such step. Opening a step asks each source in turn: one that does not hold it (NotHeld) is
 passed silently, one whose copy fails verification is passed with a warning naming it, and the
 last source's answer stands, whatever it is, so with storage alone every error is the store's own.
+Any other error of a nearer source (CheckpointUnreadable among them) is raised as it is: it says
+nothing of the step, and the start that met it is retried.
 """
 
 from __future__ import annotations
@@ -87,9 +89,6 @@ class NearestFirst(CheckpointSource):
             except NotHeld:
                 continue
             except CheckpointError as exc:
-                log.warning("%s from %s failed its check (%s); reading it from %s instead",
-                            what, source.name, exc, self._after(source).name)
+                log.warning("%s from %s failed its check (%s); reading it from the next source instead",
+                            what, source.name, exc)
         return ask(self.sources[-1])
-
-    def _after(self, source: CheckpointSource) -> CheckpointSource:
-        return self.sources[self.sources.index(source) + 1]
