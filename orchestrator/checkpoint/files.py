@@ -141,7 +141,7 @@ def _write_into(out: BinaryIO, payload: Payload, on_first_bytes: Callable[[], No
 def file_entry(loc: Location) -> FileEntry:
     """Size and sha256 of a stored file, streamed: the file is never held in memory whole.
 
-    Read into one buffer, reused for every chunk: a new 8 MB bytes object per chunk left freed
+    Read into one buffer, reused for every chunk: a new bytes object per chunk would leave freed
     chunks behind in the allocator's arenas after every read-back.
     """
     digest, size = hashlib.sha256(), 0

@@ -125,7 +125,8 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
 
 
 def library_versions() -> dict[str, str]:
-    """The versions that wrote a checkpoint; looked up once per process (it takes ~1 s)."""
+    """The versions that wrote a checkpoint; looked up once per process
+    (importlib.metadata searches every path entry for each library)."""
     return dict(_installed_versions())
 
 

@@ -229,15 +229,22 @@ class CheckpointStore:
         The driver's choice: cheap whatever the checkpoint's size. The worker group's rank 0
         then checks every hash before training from it, and falls back (announced) if one fails.
         """
+        committed, skipped = self.committed_and_skipped()
+        return Selection(committed[-1] if committed else None, {}, skipped)
+
+    def committed_and_skipped(self) -> tuple[list[CheckpointInfo], list[str]]:
+        """Every committed checkpoint, oldest first, from one scan; and a warning (logged) for each
+        checkpoint newer than the newest of them that is partial or corrupt, as a resume passes it over."""
+        infos = self.scan()
         skipped: list[str] = []
-        for info in reversed(self.scan()):
+        for info in reversed(infos):
             if info.name.startswith(TMP_PREFIX) or info.status == "superseded":
                 continue
             if info.status == "committed":
-                return Selection(info, {}, skipped)
+                break
             skipped.append(f"skipped checkpoint {info.uri}: {info.problem or info.status}")
             log.warning(skipped[-1])
-        return Selection(None, {}, skipped)
+        return [info for info in infos if info.status == "committed"], skipped
 
     def open_uri(self, uri: str, keep: Callable[[str], bool] | None = None, *,
                  verify_all: bool = True) -> tuple[CheckpointInfo, dict[str, bytes]]:

@@ -6,7 +6,7 @@ kept and raised in the training loop at the next save or at `close()`, so it rea
 
 The thread lives as long as the writer. One thread per save would cost memory: glibc gives each
 new thread a malloc arena of its own, and every arena keeps the read-back's freed buffers, so
-the process grew by ~17 MB a save (bench/README.md, "Commit latency and rank 0's memory").
+the process would grow with every save (bench/README.md, "Commit latency and rank 0's memory").
 """
 
 from __future__ import annotations

@@ -5,6 +5,17 @@ next run resumes from the newest checkpoint). User errors print one paragraph an
 do training failures (the worker logs hold the full traceback). `main` is the command line's: after
 a finished or stopped `run` it ends the process itself (os._exit), so call `orchestrator.run` from
 Python instead. Nothing here imports Ray or torch before a command needs them.
+
+    run.py, torchrun.py, status.py, checkpoints.py, doctor.py, report.py, warm.py, schema.py
+                        one module per command
+    common.py           what every command shares: exit codes, a parser whose mistakes are user errors
+    checkpoint_table.py a run's checkpoints and whether they are whole (checkpoints, doctor)
+    run_states.py       the runs under a storage location (status)
+    doctor_checks.py    doctor's preflight checks, from the command's process
+    doctor_nodes.py     doctor --nodes: each node's health against its peers
+    doctor_probes.py    what doctor runs on the cluster's nodes
+    doctor_report.py    what doctor prints
+    report_page.py      the page `orchestrator report` writes
 """
 
 from __future__ import annotations

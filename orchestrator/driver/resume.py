@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.checkpoint import CheckpointStore, Manifest
 from orchestrator.checkpoint.manifest import redact_env, written_strategy
+from orchestrator.checkpoint.store_source import StoreSource
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.spec import JobSpec
 from orchestrator.spec.deepspeed import deepspeed_precision, zero_stage
@@ -40,7 +41,10 @@ class ResumeChoice:
 
 
 def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) -> ResumeChoice:
+    """The driver reads the store as a checkpoint source (checkpoint/source.py): what it holds and
+    one checkpoint opened; a source nearer the ranks (a node's memory) is theirs to ask at the start."""
     mode = spec.resume_from
+    source = StoreSource(store)
     if mode == "none":
         existing = store.scan()
         if existing and not overwrite:
@@ -56,16 +60,16 @@ def choose(spec: JobSpec, store: CheckpointStore, *, overwrite: bool = False) ->
     if mode == "latest":
         # Chosen from manifests and file sizes alone: the driver reads no payload. Rank 0 of the
         # worker group checks every hash before training from it (rank/session.py).
-        selection = store.latest_committed()
-        if selection.info is None:
-            why = "no committed checkpoint" + (f" ({len(selection.skipped)} skipped)" if selection.skipped else "")
-            return ResumeChoice(None, None, f"fresh run: {why} in {store.root.uri}", warnings=selection.skipped)
-        info = selection.info
+        held = source.holding()
+        if held.newest is None:
+            why = "no committed checkpoint" + (f" ({len(held.skipped)} skipped)" if held.skipped else "")
+            return ResumeChoice(None, None, f"fresh run: {why} in {store.root.uri}", warnings=held.skipped)
+        info = held.newest
         reason = f"newest committed checkpoint (step {info.step})"
-        if selection.skipped:
-            reason += f", after skipping {len(selection.skipped)} partial or corrupt"
-        return ResumeChoice(info.uri, info.step, reason, info.manifest, selection.skipped)
-    info, _ = store.open_uri(mode, keep=lambda _name: False)  # checked, streamed, not held
+        if held.skipped:
+            reason += f", after skipping {len(held.skipped)} partial or corrupt"
+        return ResumeChoice(info.uri, info.step, reason, info.manifest, held.skipped)
+    info = source.open(mode, keep=lambda _name: False).info  # checked, streamed, not held
     if info.manifest is None:
         raise CheckpointError(f"resume_from '{mode}': the checkpoint has no manifest. Fix: use resume_from: latest.")
     choice = ResumeChoice(info.uri, info.step, "resume_from names this checkpoint", info.manifest)

@@ -20,6 +20,9 @@ from typing import Any
 
 from orchestrator.checkpoint import AsyncCheckpointWriter, CheckpointInfo, CheckpointStore, Manifest, lease, loads_state
 from orchestrator.checkpoint.files import CheckpointUnreadable, Payload
+from orchestrator.checkpoint.nearest import NearestFirst
+from orchestrator.checkpoint.source import CheckpointSource, Keep, Restored
+from orchestrator.checkpoint.store_source import StoreSource
 from orchestrator.errors import CheckpointError, UserError
 from orchestrator.failures import TransientStartError
 from orchestrator.protocol import CheckpointCommitted, Finished, Preemption, RankStarted, ResumeFallback, RunWarning
@@ -46,19 +49,6 @@ PROGRESS_INTERVAL_S = 2.0
 
 
 @dataclass
-class Restored:
-    """The checkpoint a worker resumes from: its store info and its verified file contents."""
-
-    info: CheckpointInfo
-    files: dict[str, bytes]
-
-    @property
-    def manifest(self) -> Manifest:
-        assert self.info.manifest is not None
-        return self.info.manifest
-
-
-@dataclass
 class ResumePoint:
     """Rank 0's decision for the group: the checkpoint it resumes from, or why its start fails."""
 
@@ -70,12 +60,13 @@ class ResumePoint:
     fallback_cause: str | None = None
 
 
-def choose_resume_point(store: CheckpointStore, wanted: str | None,
-                        keep: Callable[[str], bool] | None = None) -> ResumePoint:
+def choose_resume_point(store: CheckpointStore, wanted: str | None, keep: Keep | None = None, *,
+                        source: CheckpointSource | None = None) -> ResumePoint:
     """The checkpoint a group resumes from: `wanted`, every hash checked, its kept files held.
 
-    Only a verified fault of `wanted` (a checksum, a missing file, a manifest that does not
-    decode, no committed checkpoint there: a CheckpointError) falls back to the newest checkpoint
+    `wanted` is read from `source` (the rank's sources, nearest first; the store by default). Only
+    a verified fault of `wanted` (a checksum, a missing file, a manifest that does not decode, no
+    committed checkpoint there: a CheckpointError) falls back, to the store's newest checkpoint
     that verifies, and sets aside every later one (store.py, "Branches"). A storage error
     (CheckpointUnreadable once its retries are spent, or any other) fails the start and sets
     nothing aside: as far as anyone knows the checkpoint is whole, and the next start, a restart
@@ -84,8 +75,7 @@ def choose_resume_point(store: CheckpointStore, wanted: str | None,
     if wanted is None:
         return ResumePoint(None)
     try:
-        info, files = store.open_uri(wanted, keep)
-        return ResumePoint(wanted, Restored(info, files))
+        return ResumePoint(wanted, (source or StoreSource(store)).open(wanted, keep))
     except CheckpointError as exc:  # verified: partial, corrupt, or not there
         cause = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - storage failed: one announced decision for the whole group
@@ -144,6 +134,8 @@ class WorkerSession:
         # holds the run: an orphaned group of a driver that was replaced changes nothing.
         self.store = CheckpointStore(self.run_dir.location, fence=None if fence is None else
                                      (lambda: lease.fence(self.run_dir, fence.generation, fence.nonce)))
+        # Where the resume choice looks and a restore reads, nearest first (checkpoint/nearest.py).
+        self.sources = NearestFirst([StoreSource(self.store)])
         # Sharded state (fsdp on either path): every rank writes its own part of each checkpoint.
         self.sharded = self.spec.sharded
         self.writer = AsyncCheckpointWriter(
@@ -171,7 +163,7 @@ class WorkerSession:
 
     # --- the start of a worker group: one resume point for every rank ---------------------------
 
-    def start(self, keep: Callable[[str], bool] | None = None) -> Restored | None:
+    def start(self, keep: Keep | None = None) -> Restored | None:
         """Begin this worker group and load the checkpoint it resumes from.
 
         Rank 0 alone decides which checkpoint: the newest committed during this run (after a
@@ -182,15 +174,17 @@ class WorkerSession:
         start: no rank ever falls back on its own, so no rank resumes at another step.
         """
         self._check_storage_is_shared()
-        decision = broadcast_object(self._decide(keep) if self.rank == 0 else None)
+        # Steps only some ranks' own sources hold count when every rank holds them: gathered
+        # first, and only when such a source exists (storage is the same on every rank).
+        local = None if self.sources.same_on_every_rank else all_gather_object(self.sources.local_steps())
+        decision = broadcast_object(self._decide(keep, local) if self.rank == 0 else None)
         restored = None
         error = decision.get("error")
         if self.rank == 0:
             restored = self._rank0_restored
         elif decision["uri"] is not None and error is None:
             try:
-                info, files = self.store.open_uri(decision["uri"], keep, verify_all=False)
-                restored = Restored(info, files)
+                restored = self.sources.open(decision["uri"], keep, verify_all=False)
             except Exception as exc:  # noqa: BLE001 - reported below, by every rank alike
                 error = f"rank {self.rank} could not read it: {type(exc).__name__}: {exc}"
         errors = [e for e in all_gather_object(error) if e]
@@ -228,11 +222,12 @@ class WorkerSession:
             "storage to a path every node mounts (NFS or another shared filesystem) or to an object store "
             "(s3://bucket/prefix, gs://...), then run again.")
 
-    def _decide(self, keep: Callable[[str], bool] | None) -> dict[str, Any]:
-        """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`)."""
+    def _decide(self, keep: Keep | None, local: list[list[int]] | None) -> dict[str, Any]:
+        """Rank 0: which checkpoint the group resumes from (its files kept in `_rank0_restored`);
+        `local`: every rank's steps of its own sources, gathered (None: it has none)."""
         begun = self.monitor.begin_attempt(self.world_size)
-        candidate = self._or_newer_committed(begun.latest_uri or self.resume_uri)
-        point = choose_resume_point(self.store, candidate, keep)
+        candidate = self._or_newer_held(begun.latest_uri or self.resume_uri, local)
+        point = choose_resume_point(self.store, candidate, keep, source=self.sources)
         self._rank0_restored = point.restored
         if point.fallback_cause is not None:
             log.warning("checkpoint %s could not be read (%s); the whole group resumes from %s instead",
@@ -241,12 +236,12 @@ class WorkerSession:
         # A failed decision keeps the checkpoint wanted: the start's error names it.
         return {"attempt": begun.attempt, "uri": point.uri, "error": point.error}
 
-    def _or_newer_committed(self, candidate: str | None) -> str | None:
-        """`candidate`, or this run's newest committed checkpoint where that is newer: a save killed
+    def _or_newer_held(self, candidate: str | None, local: list[list[int]] | None) -> str | None:
+        """`candidate`, or the newest step every rank can get where that is newer: a save killed
         between its commit and its announcement is on storage, newer than what the monitor heard
         of. Safe at every start: before any rank trains, the driver supersedes this run's
         checkpoints past an older resume point, so the newest left is the resume point's or this run's."""
-        newest = self.store.latest_committed().info
+        newest = self.sources.newest_every_rank_can_get(local)
         step = _step_named(candidate) if candidate else -1
         if newest is None or step is None or newest.step <= step:
             return candidate
@@ -330,11 +325,11 @@ class WorkerSession:
         return [{"rng": entry["rng"]} for entry in gathered], gathered[0].get("token", "")
 
     def restored_file(self, restored: Restored, fname: str) -> bytes:
-        """A file of the checkpoint being resumed: from memory if this rank kept it, else read
-        (and checked against its checksum) now."""
+        """A file of the checkpoint being resumed: from memory if this rank kept it, else read from
+        the nearest source that has it (and checked against its checksum) now."""
         if fname in restored.files:
             return restored.files[fname]
-        return self.store.read_files(restored.info, fname.__eq__, verify_all=False)[fname]
+        return self.sources.read(restored.info, fname)
 
     def restored_state(self, restored: Restored, fname: str) -> Any:
         """A torch-saved file of the checkpoint being resumed, loaded without unpickling objects."""

@@ -3,10 +3,13 @@ DeepSpeed and schema parts. Knows nothing of Ray.
 
     model.py     the frozen dataclasses JobSpec and its sections (what the rest of the code trusts)
     facts.py     option(): each field's default, bounds, choices and key, declared once on the field
+    files.py     a YAML spec file read into a raw dict
     load.py      a file, mapping or JobSpec in, overrides applied, validated once (resolve_spec)
-    validate.py  the rules; fields.py the typed field readers and import_object
+    validate.py  the rules
+    fields.py    the typed field readers and import_object
     imports.py   what needs an import to check (Lightning's signatures, the user's code): last
-    data.py, lightning.py, lightning_cli.py, deepspeed.py   the sections with rules of their own
+    data.py, lightning.py, lightning_cli.py, deepspeed.py, script.py
+                 the sections with rules of their own
     schema.py    the JSON Schema, generated from the dataclasses
 """
 

@@ -1,6 +1,7 @@
 """The package's layout keeps its rules: no import circle, no import from a lower layer to a higher
-one, `import orchestrator` loads neither torch nor Ray, a spec mistake is refused at once, and a
-comment that names one of the project's files names one that exists."""
+one, `import orchestrator` loads neither torch nor Ray, a spec mistake is refused at once, each
+folder's docstring lists its modules, and a comment that names one of the project's files names one
+that exists."""
 
 from __future__ import annotations
 
@@ -150,6 +151,34 @@ def test_the_package_table_names_every_folder_and_top_level_module_once():
                      if entry not in ("__init__.py", "__main__.py", "__pycache__")
                      and (entry.endswith(".py") or os.path.isfile(os.path.join(PACKAGE, entry, "__init__.py"))))
     assert sorted(named) == present
+
+
+def _folder_docstrings() -> dict[str, tuple[str, set[str]]]:
+    """Each folder of the package below its top (its table is checked above): its `__init__.py`
+    docstring, and the entries it must list (a module by its file name, a folder with a slash)."""
+    found = {}
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        if folder == PACKAGE or "__init__.py" not in files:
+            continue
+        doc = ast.get_docstring(ast.parse(open(os.path.join(folder, "__init__.py")).read())) or ""
+        entries = {f for f in files if f.endswith(".py") and f != "__init__.py"}
+        entries |= {f"{d}/" for d in dirs if os.path.isfile(os.path.join(folder, d, "__init__.py"))}
+        found[os.path.relpath(folder, REPO)] = (doc, entries)
+    return found
+
+
+def test_each_folders_docstring_lists_its_modules_and_only_them():
+    """A maintainer reads a folder's `__init__.py` first: it names each module and folder in it, and
+    a bare module name it gives is one of that folder's (another folder's is named with its path)."""
+    unlisted, stale = [], []
+    for folder, (doc, entries) in _folder_docstrings().items():
+        unlisted += [f"{folder}/{entry}" for entry in sorted(entries)
+                     if not re.search(rf"(?<![\w/.]){re.escape(entry)}(?![\w])", doc)]
+        named = set(re.findall(r"(?<![\w/.])(\w+\.py)\b", doc))
+        stale += [f"{folder}: {name}" for name in sorted(named - entries)]
+    assert unlisted == [], "a folder's __init__.py docstring does not list these (add a line each):\n" + "\n".join(unlisted)
+    assert stale == [], "a folder's __init__.py docstring names modules it does not hold:\n" + "\n".join(stale)
 
 
 def test_the_rank_bootstrap_exists_and_its_folder_shadows_nothing_a_rank_imports():

@@ -1,1 +1,4 @@
-"""The plain-PyTorch path in a rank child: train_loop(ctx)."""
+"""The plain-PyTorch path in a rank child.
+
+    loop.py  train_loop(ctx): the context that makes a DDP loop resumable, and its data loaders
+"""
