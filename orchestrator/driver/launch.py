@@ -158,9 +158,7 @@ def _on_ray(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease
         try:
             from orchestrator.monitor.actor import start_monitor
 
-            monitor = start_monitor(job.name, job.failure.hang_timeout_s, job.failure.phase_limits,
-                                    max_restarts=job.failure.max_failures,
-                                    straggler=(job.failure.straggler_ratio, job.failure.straggler_after_s))
+            monitor = start_monitor(job.name, job.failure)
             # The CLI leaves as soon as the run is done on its own embedded cluster (ended by pid
             # right after): waiting for Ray Train's teardown would only delay the user.
             grace = (FINISHED_GRACE_S if connection.embedded else WARM_FINISHED_GRACE_S if connection.warm
