@@ -45,7 +45,7 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -53,13 +53,11 @@ from orchestrator.errors import InfrastructureError, LeaseLost, OrchestratorErro
 
 log = logging.getLogger(__name__)
 
-
 try:
     from enum import StrEnum  # the kinds, faults, phases, actions and states of the wire (protocol.py)
 except ImportError:  # Python 3.10: the same, a member reads as its value in JSON, logs and f-strings
     class StrEnum(str, Enum):
-        __str__ = str.__str__
-        __format__ = str.__format__
+        __str__, __format__ = str.__str__, str.__format__
 
 
 class FailureKind(StrEnum):
@@ -252,8 +250,8 @@ def _short_path(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
-# Metadata of a FailureRecord field that only a rank's agent sets, for the run monitor's verdict
-# on an attempt (monitor/attempts.py): not part of a rank's record in summary.json.
+# Metadata of the FailureRecord fields only a rank's agent sets, for the run monitor's verdict on
+# an attempt (monitor/attempts.py): not in summary.json.
 _AGENTS = {"agents": True}
 
 
@@ -300,16 +298,11 @@ class FailureRecord:
         return f"rank {self.rank}: {self.error}{where}"
 
     def to_dict(self, summary: bool = False) -> dict[str, Any]:
-        """The record as JSON keeps it, kind and fault as their strings; with `summary`, as
-        summary.json lists a rank: without the agent's fields, and its log only where known."""
-        data = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if summary and (f.metadata.get("agents") or (f.name == "log" and not value)):
-                continue
-            data[f.name] = str(value) if isinstance(value, StrEnum) else list(value) if isinstance(value, list) \
-                else value
-        return data
+        """The record as JSON keeps it; with `summary`, a rank as summary.json lists it: without
+        the agent's fields, and its log only where known."""
+        data = asdict(self)  # kind and fault are str-valued: JSON writes their values
+        agents = {f.name for f in fields(self) if f.metadata.get("agents")} if summary else set()
+        return {k: v for k, v in data.items() if k not in agents and (v or k != "log" or not summary)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FailureRecord:
@@ -384,35 +377,6 @@ class TransientStartError(InfrastructureError):
     """A worker group could not start from its checkpoint (a rank could not read it); retried."""
 
 
-class RunStoppedOnController(OrchestratorError):
-    """Raised on Ray Train's controller to end a run the driver is stopping."""
-
-
-class _EndedOnController(OrchestratorError):
-    """Raised on Ray Train's controller to end the run at once, with the records of the ranks that did."""
-
-    def __init__(self, message: str, records: list[FailureRecord] | None = None):
-        super().__init__(message)
-        self.records = records or []
-
-    def __reduce__(self):
-        return (self.__class__, (self.message, self.records))
-
-
-class UserCodeFailed(_EndedOnController):
-    """The training code itself failed, or an error came back at the same step after a restart
-    (`repeated` records): retrying cannot help."""
-
-
-class RestartsExhausted(_EndedOnController):
-    """A torchrun script's run used up failure.max_failures with in-place restarts and group restarts
-    together (Ray Train counts only the latter)."""
-
-
-class RunTakenOver(_EndedOnController):
-    """A newer driver took the run over (LeaseLost): this one stops, and retrying is not its to do."""
-
-
 def record_of(rank: int, exc: BaseException) -> FailureRecord:
     """The record of an error one rank raised, as it reached the controller: its classification,
     its line, and which fault an infrastructure error is."""
@@ -441,33 +405,6 @@ def mark_repeats(records: list[FailureRecord], earlier: list[FailureRecord]) -> 
                            "too: the restart replayed the same batch into the same error, so it is deterministic "
                            "(the data at that step, the code, or access to storage), not a passing hiccup")
             break
-
-
-def drain_advice(record: FailureRecord) -> str:
-    """For a GPU hardware fault: which node, and how to keep Ray from placing work on it again."""
-    if not record.node_id:
-        return ("a GPU hardware fault; its node is unknown here: find the host in this rank's log, drain that "
-                "node (`ray drain-node --node-id NODE_ID --reason DRAIN_NODE_REASON_PREEMPTION --reason-message "
-                "'GPU fault'`) and have its GPU checked")
-    host = f" (host {record.hostname})" if record.hostname else ""
-    return (f"a GPU hardware fault on node {record.node_id}{host}: the group restarts from the newest checkpoint, "
-            "and Ray may place it on that node again. Drain the node so that it takes no new work: `ray drain-node "
-            f"--node-id {record.node_id} --reason DRAIN_NODE_REASON_PREEMPTION --reason-message 'GPU fault'` "
-            "(from any node of the cluster), then have its GPU checked (nvidia-smi -q -d ECC; Xid lines in dmesg)")
-
-
-def memory_advice(record: FailureRecord) -> str:
-    """For a DataLoader worker killed by SIGKILL: that the node ran out of memory, which node, and
-    how to need less memory."""
-    host = f" (host {record.hostname})" if record.hostname else ""
-    node = f"node {record.node_id}{host}" if record.node_id else "its node (unknown here: see the rank's log)"
-    return (f"a DataLoader worker of rank {record.rank} was killed by SIGKILL, most likely by the kernel's OOM killer: "
-            f"{node} ran out of memory (`dmesg` or `journalctl -k` there names the killed process). It is retried "
-            "from the newest checkpoint; if it comes back, need less memory per node: fewer DataLoader workers "
-            "(num_workers of the rank's DataLoader: ctx.data_loader(), ctx.data() or the LightningDataModule's), a "
-            "smaller prefetch_factor, a smaller batch (data.<source>.batch_size) or data.<source>.window (row groups "
-            "each loader worker keeps decoded), fewer workers per node (scaling.resources_per_worker with a "
-            "`memory` amount in bytes makes Ray place fewer on each node), or nodes with more memory")
 
 
 def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping: bool) -> FailureKind:

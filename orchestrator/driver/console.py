@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from orchestrator import handles
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
-from orchestrator.failures import FailureRecord, RestartsExhausted, RunTakenOver, UserCodeFailed
+from orchestrator.failures import FailureRecord
+from orchestrator.monitor.controller_errors import RestartsExhausted, RunTakenOver, UserCodeFailed
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.protocol import (
     CheckpointCommitted,

@@ -25,16 +25,16 @@ from orchestrator.failures import (
     USER,
     FailureKind,
     FailureRecord,
+    WorkerFailure,
+    mark_repeats,
+    overall,
+    record_of,
+)
+from orchestrator.monitor.controller_errors import (
     RestartsExhausted,
     RunStoppedOnController,
     RunTakenOver,
     UserCodeFailed,
-    WorkerFailure,
-    drain_advice,
-    mark_repeats,
-    memory_advice,
-    overall,
-    record_of,
 )
 from orchestrator.protocol import Failure, FailureContext, RankPlace
 
@@ -44,8 +44,6 @@ DIED = "the worker process died or became unreachable"
 
 # The monitor's view when it cannot be asked: the classification still stands without it.
 NO_VIEW = FailureContext()
-# What to do about a fault of a node (FailureRecord.fault), said in the record's note.
-ADVICE = {GPU: drain_advice, MEMORY: memory_advice}
 
 
 @dataclass
@@ -62,6 +60,37 @@ class Classified:
     def event(self) -> Failure:
         """The monitor's `failure` event."""
         return Failure(classification=self.kind, ranks=list(self.records), hang=self.hang, exhausted=self.exhausted)
+
+
+def drain_advice(record: FailureRecord) -> str:
+    """For a GPU hardware fault: which node, and how to keep Ray from placing work on it again."""
+    if not record.node_id:
+        return ("a GPU hardware fault; its node is unknown here: find the host in this rank's log, drain that "
+                "node (`ray drain-node --node-id NODE_ID --reason DRAIN_NODE_REASON_PREEMPTION --reason-message "
+                "'GPU fault'`) and have its GPU checked")
+    host = f" (host {record.hostname})" if record.hostname else ""
+    return (f"a GPU hardware fault on node {record.node_id}{host}: the group restarts from the newest checkpoint, "
+            "and Ray may place it on that node again. Drain the node so that it takes no new work: `ray drain-node "
+            f"--node-id {record.node_id} --reason DRAIN_NODE_REASON_PREEMPTION --reason-message 'GPU fault'` "
+            "(from any node of the cluster), then have its GPU checked (nvidia-smi -q -d ECC; Xid lines in dmesg)")
+
+
+def memory_advice(record: FailureRecord) -> str:
+    """For a DataLoader worker killed by SIGKILL: that the node ran out of memory, which node, and
+    how to need less memory."""
+    host = f" (host {record.hostname})" if record.hostname else ""
+    node = f"node {record.node_id}{host}" if record.node_id else "its node (unknown here: see the rank's log)"
+    return (f"a DataLoader worker of rank {record.rank} was killed by SIGKILL, most likely by the kernel's OOM killer: "
+            f"{node} ran out of memory (`dmesg` or `journalctl -k` there names the killed process). It is retried "
+            "from the newest checkpoint; if it comes back, need less memory per node: fewer DataLoader workers "
+            "(num_workers of the rank's DataLoader: ctx.data_loader(), ctx.data() or the LightningDataModule's), a "
+            "smaller prefetch_factor, a smaller batch (data.<source>.batch_size) or data.<source>.window (row groups "
+            "each loader worker keeps decoded), fewer workers per node (scaling.resources_per_worker with a "
+            "`memory` amount in bytes makes Ray place fewer on each node), or nodes with more memory")
+
+
+# What to do about a fault of a node (FailureRecord.fault), said in the record's note.
+ADVICE = {GPU: drain_advice, MEMORY: memory_advice}
 
 
 def describe_ray_error(rank: int, exc: BaseException, hang_timeout_s: float) -> FailureRecord:

@@ -34,12 +34,12 @@ from orchestrator.failures import (
     INFRASTRUCTURE,
     USER,
     FailureRecord,
-    UserCodeFailed,
     WorkerFailure,
     classify,
 )
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.classifier import classify_failure, describe_ray_error
+from orchestrator.monitor.controller_errors import RunTakenOver, UserCodeFailed
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.protocol import Failure, RankStarted
 from orchestrator.run_dir import RunDir
@@ -256,7 +256,7 @@ def test_a_run_taken_over_by_another_driver_is_taken_over_not_a_bug_in_the_train
     line = RunWatcher(None, job, print)._format(Failure(classification=faults.TAKEN_OVER,
                                                         ranks=[record, peer]))
     assert "another driver took the run over" in line and "error in the training code" not in line
-    error = ray.train.ControllerError(faults.RunTakenOver(record.describe(), [record]))
+    error = ray.train.ControllerError(RunTakenOver(record.describe(), [record]))
     result = RunResult.from_events(job, run_dir.location, [Failure(classification=faults.TAKEN_OVER,
                                                                     ranks=[record])],
                                    ResumeChoice(None, None, "fresh run"), wall_seconds=1.0, error=error)

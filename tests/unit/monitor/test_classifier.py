@@ -22,14 +22,11 @@ from orchestrator.failures import (
     STOPPED,
     TAKEN_OVER,
     USER,
-    RestartsExhausted,
-    RunStoppedOnController,
-    RunTakenOver,
-    UserCodeFailed,
     WorkerFailure,
 )
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.classifier import DIED, FailureClassifier, classify_failure, describe_ray_error
+from orchestrator.monitor.controller_errors import RestartsExhausted, RunStoppedOnController, RunTakenOver, UserCodeFailed
 from orchestrator.protocol import RankStarted
 from orchestrator.spec import FailureSpec
 
