@@ -1,9 +1,12 @@
 """What the ranks, the node agents, the run monitor and the driver tell each other, typed.
 
 Every message is a dataclass: a rank's or an agent's heartbeat (`Beat`) and the monitor's reply
-(`BeatReply`); the start of an attempt (`AttemptBegun`); and the events the driver turns into its
-console lines, summary.json, goodput and metrics. Events are sent with `RunMonitor.push(event)`,
-which stamps `time` on the monitor's clock, and come back as the same objects.
+(`BeatReply`); the start of an attempt (`AttemptBegun`); the monitor's other answers (the attempt's
+state, its `Verdict`, the view Ray Train's controller classifies by, the stragglers); and the
+events the driver turns into its console lines, summary.json, goodput and metrics. Events are sent
+with `RunMonitor.push(event)`, which stamps `time` on the monitor's clock, and come back as the same
+objects. A rank's failure is one type everywhere, failures.FailureRecord; phases and actions, as
+failure kinds, are str-valued enums: JSON and logs read their plain values.
 
 One word for one start of the ranks: an **attempt**. The first start of a run is attempt 1; every
 restart, in place or of the whole group, is the next one (`TORCHELASTIC_RESTART_COUNT` is

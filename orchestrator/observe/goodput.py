@@ -80,8 +80,9 @@ def compute(events: list[Event], *, started: float, ended: float,
         match event:
             case RankStarted(rank=0):
                 groups[event.attempt] = _Group(restored_step=event.restored_step or 0)
+            # (Progress at the step its attempt resumed from: an epoch-boundary report before any step, left out.)
             case Progress() if event.attempt in groups and event.step > groups[event.attempt].restored_step:
-                groups[event.attempt].saw(event, event.stall_s)  # (not a report before the attempt's first step)
+                groups[event.attempt].saw(event, event.stall_s)
             case Finished() if event.attempt in groups:
                 groups[event.attempt].saw(event, event.checkpoint_stall_s)
     for attempt, (step, when) in (last_steps or {}).items():
