@@ -141,7 +141,7 @@ class RunMetrics:
         self.values["world_size"] = float(event.world_size)
         self.values["global_step"] = float(event.restored_step or 0)
         if self._attempts > 1:
-            cause = self._pending_cause or RESIZE
+            cause = str(self._pending_cause or RESIZE)  # a plain str for Ray's tags
             self.restarts[cause] = self.restarts.get(cause, 0) + 1
             self._restarts.inc(1, tags={**self._tags, "cause": cause})
         self._pending_cause = None
