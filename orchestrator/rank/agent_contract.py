@@ -14,7 +14,9 @@ import struct
 # second), time.monotonic() of the stack's last move, the median seconds of the rank's own work in
 # a step (0 before it is known).
 BEAT_LAYOUT = struct.Struct("<qdddd")
-# Where in the beat file the stack's last move and the work a step are written on their own.
+# Its parts as the bootstrap writes them: the first three at each optimizer step, at offset 0; the
+# stack's last move and the work a step, one number each, at their offsets.
+STEP_LAYOUT, SECONDS = struct.Struct("<qdd"), struct.Struct("<d")
 STACK_OFFSET, WORK_OFFSET = 24, 32
 
 # The variables: the rank's beat file; its failure file (the JSON of an uncaught exception, a

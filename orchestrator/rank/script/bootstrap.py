@@ -39,7 +39,6 @@ import json
 import os
 import runpy
 import signal
-import struct
 import sys
 import threading
 import time
@@ -123,7 +122,7 @@ def _watch_stack(fd: int) -> None:
             del frame
             if here != last:
                 last = here
-                os.pwrite(fd, struct.pack("<d", time.monotonic()), STACK_OFFSET)
+                os.pwrite(fd, _CONTRACT.SECONDS.pack(time.monotonic()), STACK_OFFSET)
 
     threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
 
@@ -235,8 +234,8 @@ def _count_optimizer_steps(beat_fd: list) -> None:
                 timing["median"], timing["computed"] = sorted(intervals)[len(intervals) // 2], now
         timing["last"] = now
         own = work.stepped(now)
-        os.pwrite(fd, struct.pack("<qdd", steps[0], now, timing["median"]), 0)
-        os.pwrite(fd, struct.pack("<d", own), WORK_OFFSET)
+        os.pwrite(fd, _CONTRACT.STEP_LAYOUT.pack(steps[0], now, timing["median"]), 0)
+        os.pwrite(fd, _CONTRACT.SECONDS.pack(own), WORK_OFFSET)
 
     hooks = {"torch.optim.optimizer": lambda module: module.register_optimizer_step_post_hook(stepped),
              "torch.nn.modules.module": work.hook_every_module}

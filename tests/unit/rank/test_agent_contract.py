@@ -38,6 +38,14 @@ def test_a_script_under_the_bootstrap_starts_with_nothing_of_the_package_torch_o
     assert len((tmp_path / "beat").read_bytes()) == agent_contract.BEAT_LAYOUT.size
 
 
+def test_the_beat_files_parts_line_up_with_its_layout():
+    c = agent_contract
+    assert (c.STEP_LAYOUT.size, c.STACK_OFFSET + c.SECONDS.size, c.WORK_OFFSET + c.SECONDS.size) == (
+        c.STACK_OFFSET, c.WORK_OFFSET, c.BEAT_LAYOUT.size)
+    fields = c.BEAT_LAYOUT.unpack(c.STEP_LAYOUT.pack(7, 1.5, 0.25) + c.SECONDS.pack(2.5) + c.SECONDS.pack(0.125))
+    assert fields == (7, 1.5, 0.25, 2.5, 0.125)
+
+
 def test_the_bootstraps_names_are_the_contracts():
     assert bootstrap.BEAT.format == agent_contract.BEAT_LAYOUT.format
     assert (bootstrap.STACK_OFFSET, bootstrap.WORK_OFFSET) == (agent_contract.STACK_OFFSET, agent_contract.WORK_OFFSET)
