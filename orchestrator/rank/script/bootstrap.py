@@ -57,9 +57,8 @@ def _load_beside(name: str):
 
 
 # What this file and the node's agent agree on: the beat file's layout, the variables, the marks.
-# The names bound here are this file's (and what the agent's modules import from it).
 _CONTRACT = _load_beside("agent_contract.py")
-BEAT, STACK_OFFSET, WORK_OFFSET = _CONTRACT.BEAT_LAYOUT, _CONTRACT.STACK_OFFSET, _CONTRACT.WORK_OFFSET
+BEAT_LAYOUT, STACK_OFFSET, WORK_OFFSET = _CONTRACT.BEAT_LAYOUT, _CONTRACT.STACK_OFFSET, _CONTRACT.WORK_OFFSET
 BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = _CONTRACT.BEAT_FILE_VAR, _CONTRACT.FR_SIGNAL_VAR, _CONTRACT.FR_FILE_VAR
 FAILURE_FILE_VAR, FAILING_SUFFIX = _CONTRACT.FAILURE_FILE_VAR, _CONTRACT.FAILING_SUFFIX
 
@@ -101,7 +100,7 @@ def _take_niceness() -> None:
 def _open_beat_file(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     now = time.monotonic()
-    os.pwrite(fd, BEAT.pack(0, now, 0.0, now, 0.0), 0)
+    os.pwrite(fd, BEAT_LAYOUT.pack(0, now, 0.0, now, 0.0), 0)
     return fd
 
 

@@ -47,7 +47,7 @@ def test_the_beat_files_parts_line_up_with_its_layout():
 
 
 def test_the_bootstraps_names_are_the_contracts():
-    assert bootstrap.BEAT.format == agent_contract.BEAT_LAYOUT.format
+    assert bootstrap.BEAT_LAYOUT.format == agent_contract.BEAT_LAYOUT.format
     assert (bootstrap.STACK_OFFSET, bootstrap.WORK_OFFSET) == (agent_contract.STACK_OFFSET, agent_contract.WORK_OFFSET)
     assert (bootstrap.BEAT_FILE_VAR, bootstrap.FAILURE_FILE_VAR, bootstrap.FAILING_SUFFIX, bootstrap.FR_SIGNAL_VAR,
             bootstrap.FR_FILE_VAR) == (agent_contract.BEAT_FILE_VAR, agent_contract.FAILURE_FILE_VAR,
