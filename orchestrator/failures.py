@@ -44,16 +44,48 @@ import signal
 import sys
 import sysconfig
 import traceback
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
 from orchestrator.errors import InfrastructureError, LeaseLost, OrchestratorError, UserError
 
 log = logging.getLogger(__name__)
 
-USER, INFRASTRUCTURE, HANG, STOPPED, TAKEN_OVER = "user", "infrastructure", "hang", "stopped", "taken_over"
-GPU = "gpu"  # FailureRecord.fault of a GPU hardware fault
-MEMORY = "memory"  # FailureRecord.fault of a DataLoader worker SIGKILLed (the node out of memory)
+try:
+    from enum import StrEnum  # the kinds, faults, phases, actions and states of the wire (protocol.py)
+except ImportError:  # Python 3.10: the same, a member reads as its value in JSON, logs and f-strings
+    class StrEnum(str, Enum):
+        __str__, __format__ = str.__str__, str.__format__
+
+
+class FailureKind(StrEnum):
+    """What a rank's failure was (the module docstring), and the classification of a group's."""
+
+    USER = "user"
+    INFRASTRUCTURE = "infrastructure"
+    HANG = "hang"
+    TAKEN_OVER = "taken_over"
+    # A torchrun script's own non-zero exit status (sys.exit): restarted, as under torchrun.
+    EXIT = "exit"
+    # A group's classification alone: it failed while the driver was stopping the run.
+    STOPPED = "stopped"
+
+
+class Fault(StrEnum):
+    """Which fault of its node an infrastructure failure is (FailureRecord.fault)."""
+
+    NONE = ""
+    GPU = "gpu"  # a GPU hardware fault: the node is to be drained
+    MEMORY = "memory"  # a DataLoader worker SIGKILLed: the node out of memory
+
+
+# The kinds and faults by the short names the modules import.
+USER, INFRASTRUCTURE, HANG, TAKEN_OVER, EXIT, STOPPED = (
+    FailureKind.USER, FailureKind.INFRASTRUCTURE, FailureKind.HANG, FailureKind.TAKEN_OVER, FailureKind.EXIT,
+    FailureKind.STOPPED)
+GPU, MEMORY = Fault.GPU, Fault.MEMORY
 
 # Text of the errors torch.distributed raises when a peer or the network fails (gloo and NCCL).
 _COMMUNICATION_MARKERS = (
@@ -90,12 +122,12 @@ _EXITED_WORKER = re.compile(r"DataLoader worker \(pid\(s\) [\d, ]+\) exited unex
 _SIGNALS_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
 
 
-def classify(exc: BaseException) -> str:
+def classify(exc: BaseException) -> FailureKind:
     """USER, INFRASTRUCTURE or TAKEN_OVER for an exception raised in a worker (its cause chain too)."""
     return _verdict(exc)[0]
 
 
-def _verdict(exc: BaseException) -> tuple[str, BaseException]:
+def _verdict(exc: BaseException) -> tuple[FailureKind, BaseException]:
     """The classification, and the link of the cause chain that decided it."""
     seen = set()
     link: BaseException | None = exc
@@ -149,9 +181,9 @@ def is_memory_kill(exc: BaseException) -> bool:
     return dataloader_worker_signal(exc) == signal.SIGKILL
 
 
-def _fault(exc: BaseException) -> str:
+def _fault(exc: BaseException) -> Fault:
     """FailureRecord.fault of an infrastructure error: GPU, MEMORY or none."""
-    return GPU if is_gpu_fault(exc) else MEMORY if is_memory_kill(exc) else ""
+    return GPU if is_gpu_fault(exc) else MEMORY if is_memory_kill(exc) else Fault.NONE
 
 
 def _is_infrastructure(exc: BaseException) -> bool:
@@ -218,12 +250,20 @@ def _short_path(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
+# Metadata of the FailureRecord fields only a rank's agent sets, for the run monitor's verdict on
+# an attempt (monitor/attempts.py): not in summary.json.
+_AGENTS = {"agents": True}
+
+
 @dataclass
 class FailureRecord:
-    """One rank's part in a failure, as summary.json lists it."""
+    """One rank's failure, the same type end to end: written by the rank (its bootstrap's failure
+    file), completed by its agent (agent/outcome.py), weighed by the run monitor, raised to Ray
+    Train's controller (WorkerFailure) and listed in summary.json. Between processes it travels
+    as itself (pickled by Ray) or as `to_dict()` JSON, read back by `from_dict`."""
 
     rank: int
-    kind: str  # user | infrastructure | hang | taken_over
+    kind: FailureKind
     error: str  # "ValueError: bad value"
     where: str = ""  # "jobs/foo.py:42 in train_loop"
     # Where the rank ran (from its worker group's start), when known.
@@ -235,16 +275,46 @@ class FailureRecord:
     # Of an error a retry may get past: a digest of its type, text and place, to recognise it
     # when it comes back after a restart.
     signature: str = ""
-    # GPU for a GPU hardware fault (the node is to be drained).
-    fault: str = ""
+    # GPU for a GPU hardware fault (the node is to be drained), MEMORY for a node out of memory.
+    fault: Fault = Fault.NONE
     # The same error at the same step as an earlier attempt: the data's (or the code's), not a hiccup.
     repeated: bool = False
     # What to do about it, when there is more to say than the error (how to drain a node).
     note: str = ""
+    # The rank's log, where its agent knows it (summary.json lists it only then).
+    log: str = ""
+    # The agent's, for the monitor: whether the failure decides its attempt at once (a signal
+    # death, a user error, a hang) or waits for a peer's report that may be its cause; the rank's
+    # last lines of output; a hang's verdict (protocol.Hang's record).
+    decisive: bool = field(default=False, metadata=_AGENTS)
+    last_lines: list[str] = field(default_factory=list, metadata=_AGENTS)
+    hang: dict[str, Any] | None = field(default=None, metadata=_AGENTS)
+
+    def __post_init__(self) -> None:
+        self.kind, self.fault = FailureKind(self.kind), Fault(self.fault)
 
     def describe(self) -> str:
         where = f" at {self.where}" if self.where else ""
         return f"rank {self.rank}: {self.error}{where}"
+
+    def to_dict(self, summary: bool = False) -> dict[str, Any]:
+        """The record as JSON keeps it; with `summary`, a rank as summary.json lists it: without
+        the agent's fields, and its log only where known."""
+        data = asdict(self)  # kind and fault are str-valued: JSON writes their values
+        agents = {f.name for f in fields(self) if f.metadata.get("agents")} if summary else set()
+        return {k: v for k, v in data.items() if k not in agents and (v or k != "log" or not summary)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FailureRecord:
+        """The record of `to_dict()`'s JSON (keys it does not know are left out)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def for_group(self, kind: FailureKind, note: str) -> FailureRecord:
+        """The record an agent raises for its group's failure (WorkerFailure: Ray Train's
+        controller classifies it), as `kind` with `note`: without the agent's own fields."""
+        agents = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
+                  for f in fields(self) if f.metadata.get("agents") or f.name == "log"}
+        return replace(self, kind=kind, note=note, **agents)
 
 
 class WorkerFailure(OrchestratorError):
@@ -271,7 +341,7 @@ class WorkerFailure(OrchestratorError):
         return cls(f"rank {rank}: {error} (raised at {where})", record)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> FailureKind:
         return self.record.kind
 
     def __reduce__(self):
@@ -307,35 +377,6 @@ class TransientStartError(InfrastructureError):
     """A worker group could not start from its checkpoint (a rank could not read it); retried."""
 
 
-class RunStoppedOnController(OrchestratorError):
-    """Raised on Ray Train's controller to end a run the driver is stopping."""
-
-
-class _EndedOnController(OrchestratorError):
-    """Raised on Ray Train's controller to end the run at once, with the records of the ranks that did."""
-
-    def __init__(self, message: str, records: list[dict[str, Any]] | None = None):
-        super().__init__(message)
-        self.records = records or []
-
-    def __reduce__(self):
-        return (self.__class__, (self.message, self.records))
-
-
-class UserCodeFailed(_EndedOnController):
-    """The training code itself failed, or an error came back at the same step after a restart
-    (`repeated` records): retrying cannot help."""
-
-
-class RestartsExhausted(_EndedOnController):
-    """A torchrun script's run used up failure.max_failures with in-place restarts and group restarts
-    together (Ray Train counts only the latter)."""
-
-
-class RunTakenOver(_EndedOnController):
-    """A newer driver took the run over (LeaseLost): this one stops, and retrying is not its to do."""
-
-
 def record_of(rank: int, exc: BaseException) -> FailureRecord:
     """The record of an error one rank raised, as it reached the controller: its classification,
     its line, and which fault an infrastructure error is."""
@@ -343,9 +384,9 @@ def record_of(rank: int, exc: BaseException) -> FailureRecord:
     return FailureRecord(rank, kind, error_line(exc), fault=_fault(link) if kind == INFRASTRUCTURE else "")
 
 
-def mark_repeats(records: list[FailureRecord], earlier: list[dict[str, Any]]) -> None:
+def mark_repeats(records: list[FailureRecord], earlier: list[FailureRecord]) -> None:
     """Make the user's each infrastructure record whose error an earlier attempt of the run raised
-    at the same step (`earlier`: those attempts' records, as dicts).
+    at the same step (`earlier`: those attempts' records).
 
     Exact resume replays the same batches, so an error that a restart brings back at the very step
     it was raised at before is deterministic: the data (or the code) at that step, which no retry
@@ -355,10 +396,9 @@ def mark_repeats(records: list[FailureRecord], earlier: list[dict[str, Any]]) ->
         if record.kind != INFRASTRUCTURE or not record.signature or record.step is None:
             continue
         for before in earlier:
-            if before.get("signature") != record.signature or before.get("step") != record.step:
+            if before.signature != record.signature or before.step != record.step:
                 continue
-            if record.fault == GPU and not (record.node_id and before.get("node_id")
-                                            and record.node_id != before["node_id"]):
+            if record.fault == GPU and not (record.node_id and before.node_id and record.node_id != before.node_id):
                 continue
             record.kind, record.repeated = USER, True
             record.note = (f"raised at the same step ({record.step}) before a restart from the newest checkpoint "
@@ -367,34 +407,7 @@ def mark_repeats(records: list[FailureRecord], earlier: list[dict[str, Any]]) ->
             break
 
 
-def drain_advice(record: FailureRecord) -> str:
-    """For a GPU hardware fault: which node, and how to keep Ray from placing work on it again."""
-    if not record.node_id:
-        return ("a GPU hardware fault; its node is unknown here: find the host in this rank's log, drain that "
-                "node (`ray drain-node --node-id NODE_ID --reason DRAIN_NODE_REASON_PREEMPTION --reason-message "
-                "'GPU fault'`) and have its GPU checked")
-    host = f" (host {record.hostname})" if record.hostname else ""
-    return (f"a GPU hardware fault on node {record.node_id}{host}: the group restarts from the newest checkpoint, "
-            "and Ray may place it on that node again. Drain the node so that it takes no new work: `ray drain-node "
-            f"--node-id {record.node_id} --reason DRAIN_NODE_REASON_PREEMPTION --reason-message 'GPU fault'` "
-            "(from any node of the cluster), then have its GPU checked (nvidia-smi -q -d ECC; Xid lines in dmesg)")
-
-
-def memory_advice(record: FailureRecord) -> str:
-    """For a DataLoader worker killed by SIGKILL: that the node ran out of memory, which node, and
-    how to need less memory."""
-    host = f" (host {record.hostname})" if record.hostname else ""
-    node = f"node {record.node_id}{host}" if record.node_id else "its node (unknown here: see the rank's log)"
-    return (f"a DataLoader worker of rank {record.rank} was killed by SIGKILL, most likely by the kernel's OOM killer: "
-            f"{node} ran out of memory (`dmesg` or `journalctl -k` there names the killed process). It is retried "
-            "from the newest checkpoint; if it comes back, need less memory per node: fewer DataLoader workers "
-            "(num_workers of the rank's DataLoader: ctx.data_loader(), ctx.data() or the LightningDataModule's), a "
-            "smaller prefetch_factor, a smaller batch (data.<source>.batch_size) or data.<source>.window (row groups "
-            "each loader worker keeps decoded), fewer workers per node (scaling.resources_per_worker with a "
-            "`memory` amount in bytes makes Ray place fewer on each node), or nodes with more memory")
-
-
-def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping: bool) -> str:
+def overall(records: list[FailureRecord], hang: dict[str, Any] | None, stopping: bool) -> FailureKind:
     """One classification for a failure of the group, from its ranks' records."""
     kinds = {r.kind for r in records}
     if stopping:

@@ -1,9 +1,12 @@
 """What the ranks, the node agents, the run monitor and the driver tell each other, typed.
 
 Every message is a dataclass: a rank's or an agent's heartbeat (`Beat`) and the monitor's reply
-(`BeatReply`); the start of an attempt (`AttemptBegun`); and the events the driver turns into its
-console lines, summary.json, goodput and metrics. Events are sent with `RunMonitor.push(event)`,
-which stamps `time` on the monitor's clock, and come back as the same objects.
+(`BeatReply`); the start of an attempt (`AttemptBegun`); the monitor's other answers (the attempt's
+state, its `Verdict`, the view Ray Train's controller classifies by, the stragglers); and the
+events the driver turns into its console lines, summary.json, goodput and metrics. Events are sent
+with `RunMonitor.push(event)`, which stamps `time` on the monitor's clock, and come back as the same
+objects. A rank's failure is one type everywhere, failures.FailureRecord; phases and actions, as
+failure kinds, are str-valued enums: JSON and logs read their plain values.
 
 One word for one start of the ranks: an **attempt**. The first start of a run is attempt 1; every
 restart, in place or of the whole group, is the next one (`TORCHELASTIC_RESTART_COUNT` is
@@ -18,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from orchestrator.failures import lost_peer
+from orchestrator.failures import EXIT, FailureKind, FailureRecord, StrEnum, lost_peer
 
 
 @dataclass(kw_only=True)
@@ -161,8 +164,11 @@ class RestartInPlace(Event):
     attempt: int
     restarts: int
     max_restarts: int
-    # The rank whose failure decided it: rank, kind, error, where, node_id...
-    failure: dict[str, Any]
+    # The rank failure that decided it.
+    failure: FailureRecord
+
+    def to_record(self) -> dict[str, Any]:
+        return {**super().to_record(), "failure": self.failure.to_dict()}
 
 
 @dataclass(kw_only=True)
@@ -183,11 +189,15 @@ class Failure(Event):
     """A failure of the whole group, classified on Ray Train's controller (monitor/classifier.py)."""
 
     kind: ClassVar[str] = "failure"
-    classification: str
-    # Each failed rank's FailureRecord, as data.
-    ranks: list[dict[str, Any]]
+    classification: FailureKind
+    # Each failed rank's record.
+    ranks: list[FailureRecord]
     hang: dict[str, Any] | None = None
     exhausted: bool | str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """As summary.json lists it: each rank's record in its summary form (FailureRecord.to_dict)."""
+        return {**super().to_record(), "ranks": [r.to_dict(summary=True) for r in self.ranks]}
 
 
 @dataclass(kw_only=True)
@@ -218,13 +228,30 @@ class Output:
 
 # --- heartbeats ---------------------------------------------------------------------------------
 
+class Phase(StrEnum):
+    """What a rank's training thread does (a beat's phase). TRAINING is timed by
+    failure.hang_timeout_s; STARTING (up to the group's first optimizer step), CHECKPOINT and
+    FINISHING have limits of their own; the rest are not timed (monitor/watchdog.py)."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    CHECKPOINT = "checkpoint"
+    VALIDATION = "validation"
+    EPOCH_END = "epoch_end"
+    FINISHING = "finishing"
+    # A torchrun script's rank says only this much (the watchdog judges it by its liveness): it
+    # has taken no optimizer step yet, or it exited 0.
+    WORKING = "working"
+    FINISHED = "finished"
+
+
 @dataclass
 class Beat:
     """A rank's heartbeat, about once a second (sent by its own thread, or by its agent)."""
 
     rank: int
     step: int
-    phase: str
+    phase: Phase
     # Seconds, on the worker's own clock, since its last step or the start of its phase.
     idle_s: float
     node_id: str = ""
@@ -260,20 +287,101 @@ class AttemptBegun:
     latest_uri: str | None = None
 
 
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """Ray Train's notice that nodes of the group are about to be preempted, as an agent answers
+    its ranks' question (None: no notice)."""
+
+    deadline_ms: int | None
+    preempted_node_ids: list[str] = field(default_factory=list)
+
+
+# --- the run monitor's answers ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttemptState:
+    """The attempt starting now, the restarts so far and allowed (failure.max_failures, -1:
+    unlimited), and the newest checkpoint committed in this run (a ctx job's rank 0 resumes from it)."""
+
+    attempt: int
+    restarts: int
+    max_restarts: int
+    latest_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank of the current attempt ran (its RankStarted)."""
+
+    node_id: str = ""
+    pid: int = 0
+    hostname: str = ""
+
+
+@dataclass(frozen=True)
+class FailureContext:
+    """What Ray Train's controller needs from the run monitor to classify a failure of the current
+    group (monitor/classifier.py)."""
+
+    # The driver is stopping the run: a failure now is no reason to start again.
+    stopping: bool = False
+    # rank -> where it ran.
+    places: dict[int, RankPlace] = field(default_factory=dict)
+    # Another driver took the run over: why (LeaseLost's text).
+    taken_over: str | None = None
+    # The restarts failure.max_failures allows are used up: the sentence that says so.
+    restarts_exhausted: str | None = None
+    # The earlier failures' records of errors a retry could get past (an error back at the same
+    # step is the data's).
+    earlier: list[FailureRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SlowestRank:
+    """The slowest training rank now, against its peers' median (monitor/stragglers.py)."""
+
+    rank: int
+    node_id: str
+    host: str
+    work_s: float
+    peers_median_s: float
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class StragglerTotals:
+    """The seconds the group waited for its slowest rank (goodput), and the slowest rank now
+    (summary.json's slowest_rank; None with fewer than two)."""
+
+    wait_s: float
+    slowest: SlowestRank | None
+
+
 # --- the verdict on an attempt whose ranks restart in place (monitor/attempts.py) --------------------
 
-WAIT, RESTART, FAIL, FINISH, STOPPED = "wait", "restart", "fail", "finish", "stopped"
+class Action(StrEnum):
+    """What every node's agent does with its ranks once an attempt is decided: go on waiting,
+    restart them in place, fail the run, or finish (every rank exited 0). STOP is the agent's own:
+    the driver's stop reached every rank and they exited."""
+
+    WAIT = "wait"
+    RESTART = "restart"
+    FAIL = "fail"
+    FINISH = "finish"
+    STOP = "stop"
+
+
+# The run monitor's actions by the short names the agent imports.
+WAIT, RESTART, FAIL, FINISH = Action.WAIT, Action.RESTART, Action.FAIL, Action.FINISH
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What every node's agent does with its ranks once an attempt is decided: go on waiting,
-    restart them in place as `attempt`, fail the run, or finish (every rank exited 0). STOPPED is
-    the agent's own: the driver's stop reached every rank and they exited."""
+    """The decision on an attempt (Action), with what decided it."""
 
-    action: str
-    # The rank failure that decided it (its record: rank, kind, error, where, node_id...).
-    failure: dict[str, Any] | None = None
+    action: Action
+    # The rank failure that decided it.
+    failure: FailureRecord | None = None
     # RESTART: the attempt that starts now, and the restarts so far with it.
     attempt: int = 0
     restarts: int = 0
@@ -283,10 +391,9 @@ class Verdict:
     reason: str = ""
 
 
-def cause_order(failure: dict[str, Any]) -> tuple[bool, bool, bool, int]:
+def cause_order(failure: FailureRecord) -> tuple[bool, bool, bool, int]:
     """Which of an attempt's rank failures is its cause, least first: a signal death or a hang
     (decisive), then a rank that exited on its own (sys.exit), whose peers' communication errors
     follow from it, then an error that does not say a peer went away (its peers' do), then the
     lowest rank."""
-    return (not failure.get("decisive"), failure.get("kind") != "exit", lost_peer(failure.get("error", "")),
-            failure["rank"])
+    return (not failure.decisive, failure.kind != EXIT, lost_peer(failure.error), failure.rank)

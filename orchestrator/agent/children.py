@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from orchestrator import storage
 from orchestrator.agent import flight_records, sessions
 from orchestrator.failures import is_user_file
-from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR, FAILING_SUFFIX  # what each rank's files hold
+# What each rank's environment and files hold (the bootstrap reads and writes them).
+from orchestrator.rank.agent_contract import AGENT_PID_VAR, BEAT_FILE_VAR, BEAT_LAYOUT, FAILING_SUFFIX, FAILURE_FILE_VAR
+from orchestrator.rank.agent_contract import RETURNED_SUFFIX, STACK_SIGNAL_VAR
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -128,13 +130,13 @@ class Child:
     def progress(self) -> RankProgress:
         try:
             with open(self.beat_file, "rb") as f:
-                data = f.read(BEAT.size)
+                data = f.read(BEAT_LAYOUT.size)
         except OSError:
             data = b""
         now = time.monotonic()
-        if len(data) < BEAT.size:  # the bootstrap has not started yet
+        if len(data) < BEAT_LAYOUT.size:  # the bootstrap has not started yet
             return RankProgress(0, now - self.started, 0.0, now - self.started)
-        steps, last, step_time, stack_moved, work = BEAT.unpack(data)
+        steps, last, step_time, stack_moved, work = BEAT_LAYOUT.unpack(data)
         return RankProgress(steps, now - last, step_time, now - stack_moved, work)
 
     def stopped(self) -> bool:
@@ -150,7 +152,7 @@ class Child:
 
     def returned(self) -> bool:
         """Whether the script ran to its end (bootstrap.py marks it before the interpreter's exit)."""
-        return os.path.exists(self.failure_file + ".returned")
+        return os.path.exists(self.failure_file + RETURNED_SUFFIX)
 
     def failing_for(self) -> float | None:
         """Seconds since this agent first saw the rank's mark that its training raised and its
@@ -195,16 +197,16 @@ class LocalRanks:
                    # torch's @record writes the script's error here, as under torchrun.
                    "TORCHELASTIC_ERROR_FILE": os.path.join(where, "error.json"),
                    BEAT_FILE_VAR: os.path.join(where, "beat"),
-                   "ORCHESTRATOR_FAILURE_FILE": os.path.join(where, "failure.json"),
-                   "ORCHESTRATOR_STACK_SIGNAL": str(int(STACK_SIGNAL)),
+                   FAILURE_FILE_VAR: os.path.join(where, "failure.json"),
+                   STACK_SIGNAL_VAR: str(int(STACK_SIGNAL)),
                    **flight_records.rank_env(base_env, where, log_dir),
-                   "ORCHESTRATOR_SUPERVISOR_PID": str(os.getpid()),
+                   AGENT_PID_VAR: str(os.getpid()),
                    sessions.MARK_VAR: scratch}  # inherited: how its orphans are told from others'
             log_path = os.path.join(log_dir, f"rank-{rank}.log") if log_dir else os.path.join(where, "output.log")
             process = _hand_over((spares or {}).get(local_rank), env) or subprocess.Popen(
                 [sys.executable, BOOTSTRAP, *command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            child = Child(local_rank, rank, process, env[BEAT_FILE_VAR], env["ORCHESTRATOR_FAILURE_FILE"],
+            child = Child(local_rank, rank, process, env[BEAT_FILE_VAR], env[FAILURE_FILE_VAR],
                           log_path, env)
             child.reader = threading.Thread(target=_copy_output, args=(child, echo if rank == 0 else None),
                                             name=f"rank-{rank}-output", daemon=True)

@@ -23,7 +23,7 @@ import signal
 import time
 from typing import Any
 
-from orchestrator.rank.script.bootstrap import FR_FILE_VAR, FR_SIGNAL_VAR
+from orchestrator.rank.agent_contract import FR_FILE_VAR, FR_SIGNAL_VAR
 
 # The signal each rank's bootstrap answers with its dump (real-time: queued, never merged, and
 # used by nothing else in a training process).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.rank.stop_signal import STOP_AGAIN_SUFFIX, STOP_SUFFIX
+from orchestrator.rank.agent_contract import STOP_AGAIN_SUFFIX, STOP_SUFFIX
 
 
 class RankSignals:

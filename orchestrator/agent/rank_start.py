@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Mapping
 
 from orchestrator.agent.children import RAY_TRAIN_VARS, Placement
+from orchestrator.rank.agent_contract import NICENESS_VAR
 from orchestrator.run_dir import RunDir
 from orchestrator.spec import JobSpec
 from orchestrator.worker_config import ScriptContext
@@ -76,7 +77,7 @@ class RankStart:
                 env["OMP_NUM_THREADS"] = "1"
         env["ORCHESTRATOR_RUN_DIR"] = self.run_dir_text()
         # Ray starts its workers at a lower priority (niceness 15); the ranks take the user's shell's.
-        env["ORCHESTRATOR_NICENESS"] = str(self.context.niceness)
+        env[NICENESS_VAR] = str(self.context.niceness)
         # Through a pipe Python would buffer the script's prints: rank 0's are shown live.
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

@@ -22,13 +22,13 @@ import dataclasses
 import os
 import threading
 import time
-import types
 from typing import Any
 
 from orchestrator import handles
 from orchestrator.agent.children import Placement
 from orchestrator.agent.rank_start import session_command, session_env
-from orchestrator.protocol import AttemptBegun, Beat, BeatReply
+from orchestrator.protocol import AttemptBegun, Beat, BeatReply, PreemptionNotice
+from orchestrator.rank.agent_contract import NICENESS_VAR
 from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
 from orchestrator.rank.heartbeat import FINISHING, STARTING
 from orchestrator.rank.identity import DEVICE_VAR, NODE_ID_VAR
@@ -69,7 +69,7 @@ class SessionStart:
         worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
         write_config(path, RankConfig(worker=worker, in_place=in_place))
         env.update({CONFIG_VAR: path, DEVICE_VAR: self.devices, NODE_ID_VAR: self.node_id,
-                    "ORCHESTRATOR_NICENESS": str(self.config.niceness)})
+                    NICENESS_VAR: str(self.config.niceness)})
         return env
 
 
@@ -151,8 +151,8 @@ class Answers:
             notice = preemption_notice() if self.on_ray_train else None
             if notice is None:
                 return None
-            return types.SimpleNamespace(deadline_ms=getattr(notice, "deadline_ms", None),
-                                         preempted_node_ids=list(getattr(notice, "preempted_node_ids", [])))
+            return PreemptionNotice(deadline_ms=getattr(notice, "deadline_ms", None),
+                                    preempted_node_ids=list(getattr(notice, "preempted_node_ids", [])))
         raise ValueError(f"unknown call {op!r}")
 
     def _beat(self, attempt: int, beat: Beat) -> BeatReply:

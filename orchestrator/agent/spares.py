@@ -24,7 +24,7 @@ from collections.abc import Callable
 from orchestrator.agent import sessions
 from orchestrator.agent.children import BOOTSTRAP, LocalRanks
 from orchestrator.agent.flight_records import FR_SIGNAL
-from orchestrator.rank.script.bootstrap import FR_SIGNAL_VAR
+from orchestrator.rank.agent_contract import FR_SIGNAL_VAR
 
 # What a spare imports, by the job's kind: what every rank of that kind imports first.
 SPARE_MODULES = {

@@ -30,6 +30,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import asdict
 from typing import Any
 
 from orchestrator import handles
@@ -42,12 +43,12 @@ from orchestrator.agent.rank_signals import RankSignals
 from orchestrator.agent.rank_start import RankStart
 from orchestrator.agent.session_ranks import Answers, SessionStart
 from orchestrator.agent.spares import Spares
-from orchestrator.failures import INFRASTRUCTURE, TAKEN_OVER, USER, FailureRecord, WorkerFailure
+from orchestrator.failures import HANG, INFRASTRUCTURE, TAKEN_OVER, USER, FailureRecord, WorkerFailure
 from orchestrator.protocol import (
     FINISH,
     RESTART,
-    STOPPED,
     WAIT,
+    Action,
     Beat,
     Finished,
     RankStarted,
@@ -146,7 +147,7 @@ class Supervisor:
                 if action == FINISH:
                     self._finish(stopped=False)
                     return
-                if action == STOPPED:
+                if action == Action.STOP:
                     self._finish(stopped=True)
                     return
                 self.ranks.stop()
@@ -173,7 +174,7 @@ class Supervisor:
 
     def _attempt_state(self) -> dict[str, Any]:
         state = handles.get(self.monitor.attempt_state.remote(), timeout=60)
-        return {**state, "port": free_port()}
+        return {**asdict(state), "port": free_port()}
 
     def _start_attempt(self, placement: Placement, in_place: bool, latest_uri: str | None) -> None:
         self.attempt = placement.attempt
@@ -229,7 +230,7 @@ class Supervisor:
                 self.ranks.forward(signal.SIGTERM)
                 stop_sent = True
             if stop_sent and len(self.ranks.exited()) == len(self.ranks.children):
-                return Verdict(STOPPED)
+                return Verdict(Action.STOP)
             if not reported and not stop_sent:
                 known, failure = self._outcome()
                 if known and failure is None:
@@ -250,7 +251,7 @@ class Supervisor:
             if verdict.action != WAIT:
                 return verdict
 
-    def _outcome(self) -> tuple[bool, dict[str, Any] | None]:
+    def _outcome(self) -> tuple[bool, FailureRecord | None]:
         """This node's part of the attempt, once known (True): a failed child's record, or None
         when every child exited 0."""
         exited = self.ranks.exited()
@@ -276,7 +277,7 @@ class Supervisor:
 
     def _end_attempt(self, verdict: Verdict) -> None:
         failure = verdict.failure
-        if failure.get("kind") == "hang":
+        if failure.kind == HANG:
             records = self.ranks.flight_records()  # before the stacks, whose dump ends each rank
             stacks = self.ranks.dump_stacks()
             for rank, where in sorted(stacks.items()):
@@ -316,16 +317,15 @@ class Supervisor:
             copy_logs(self.log_dir, self.run_dir.location.join("logs"))
 
     def _fail(self, verdict: Verdict) -> None:
-        failure = verdict.failure or {"rank": 0, "kind": INFRASTRUCTURE, "error": verdict.reason}
-        if failure["rank"] // self.k != self.worker and failure.get("kind") != "hang":
+        failure = verdict.failure or FailureRecord(0, INFRASTRUCTURE, verdict.reason)
+        if failure.rank // self.k != self.worker and failure.kind != HANG:
             return  # the node of the failed rank reports it; this one only ends its ranks
-        if failure.get("kind") == "hang" and self.worker != 0:
+        if failure.kind == HANG and self.worker != 0:
             return
-        kind = failure["kind"] if failure.get("kind") in (USER, TAKEN_OVER) else INFRASTRUCTURE
-        lines = (failure.get("last_lines") or []) if kind != USER else []
-        note = failure.get("note") or (f"its last lines: {' | '.join(lines)}" if lines else "")
-        known = ("rank", "error", "where", "node_id", "pid", "hostname", "signature", "fault", "step", "repeated")
-        record = FailureRecord(**{k: failure[k] for k in known if k in failure}, kind=kind, note=note)
+        kind = failure.kind if failure.kind in (USER, TAKEN_OVER) else INFRASTRUCTURE
+        lines = failure.last_lines if kind != USER else []
+        note = failure.note or (f"its last lines: {' | '.join(lines)}" if lines else "")
+        record = failure.for_group(kind, note)
         where = f" (raised at {record.where})" if record.where else ""
         raise WorkerFailure(f"rank {record.rank}: {record.error}{where}", record)
 

@@ -147,9 +147,9 @@ class Attempt:
         stragglers = handles.get(self.monitor.stragglers.remote(), timeout=30)
         goodput = compute_goodput(events, started=self.started, ended=ended,
                                   capacity_waits=self.watcher.capacity_waits(), last_steps=last_steps,
-                                  straggler_wait_s=stragglers["wait_s"])
+                                  straggler_wait_s=stragglers.wait_s)
         return RunResult.from_events(self.job, self.run_dir, events, self.choice, wall_seconds=ended - self.started,
-                                     error=error, stopped_by=stopped_by, goodput=goodput, slowest=stragglers["slowest"])
+                                     error=error, stopped_by=stopped_by, goodput=goodput, slowest=stragglers.slowest)
 
     def _write_partial_summary(self) -> None:
         """At a stop signal: summary.json and the history as things stand, in case the driver is

@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from orchestrator import handles
 from orchestrator.cluster.capacity import fmt, worker_resources, workers_that_fit
-from orchestrator.failures import RestartsExhausted, RunTakenOver, UserCodeFailed
+from orchestrator.failures import FailureRecord
+from orchestrator.monitor.controller_errors import RestartsExhausted, RunTakenOver, UserCodeFailed
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.protocol import (
     CheckpointCommitted,
@@ -216,8 +216,8 @@ class RunWatcher:
         if isinstance(event, RestartInPlace):
             failure = event.failure
             budget = "unlimited" if event.max_restarts < 0 else f"{event.max_restarts}"
-            where = f" at {failure['where']}" if failure.get("where") else ""
-            return (f"rank {failure['rank']} failed ({failure['kind']}): {failure['error']}{where}; restarting every "
+            where = f" at {failure.where}" if failure.where else ""
+            return (f"rank {failure.rank} failed ({failure.kind}): {failure.error}{where}; restarting every "
                     f"rank in place (attempt {event.attempt}: restart {event.restarts} of {budget}, "
                     f"TORCHELASTIC_RESTART_COUNT={event.restarts})")
         if isinstance(event, HangCollectives):
@@ -272,17 +272,17 @@ def _batch_note(job: JobSpec, size: int) -> str:
     return f" (global batch {global_batch}: {global_batch // size} per worker)"
 
 
-def _record_line(record: dict[str, Any]) -> str:
-    where = f" at {record['where']}" if record.get("where") else ""
-    host = f", host {record['hostname']}" if record.get("hostname") else ""
-    place = f" (node {record['node_id'][:12]}{host}, pid {record['pid']})" if record.get("node_id") else ""
+def _record_line(record: FailureRecord) -> str:
+    where = f" at {record.where}" if record.where else ""
+    host = f", host {record.hostname}" if record.hostname else ""
+    place = f" (node {record.node_id[:12]}{host}, pid {record.pid})" if record.node_id else ""
     # A repeat's note is the paragraph's to tell (describe_failure); a GPU fault's says which node to drain.
-    note = f" ({record['note']})" if record.get("note") and not record.get("repeated") else ""
-    return f"rank {record['rank']}{place}: {record['error']}{where}{note}"
+    note = f" ({record.note})" if record.note and not record.repeated else ""
+    return f"rank {record.rank}{place}: {record.error}{where}{note}"
 
 
-def _repeated(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((r for r in records if r.get("repeated")), None)
+def _repeated(records: list[FailureRecord]) -> FailureRecord | None:
+    return next((r for r in records if r.repeated), None)
 
 
 def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watcher: RunWatcher | None) -> str:
@@ -295,16 +295,16 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
                 "that resumes from its latest checkpoint goes on from there).")
     root = getattr(error, "controller_failure", None) or error  # ray.train.ControllerError's cause
     if isinstance(root, RunTakenOver):
-        return taken_over_message(job.name, root.records[0]["error"] if root.records else root.message)
+        return taken_over_message(job.name, root.records[0].error if root.records else root.message)
     if isinstance(root, UserCodeFailed):
-        first = root.records[0] if root.records else {"rank": 0}
-        log_file = f"{logs}/rank-{first['rank']}.log" if logs else "Ray's worker logs (ray logs)"
+        first = root.records[0].rank if root.records else 0
+        log_file = f"{logs}/rank-{first}.log" if logs else "Ray's worker logs (ray logs)"
         attempt = "its first attempt" if not result.restarts else f"attempt {result.restarts + 1}"
         repeated = _repeated(root.records)
         why = ("This is an error in the training code, so it was not retried (failure.max_failures applies to "
                "lost workers, nodes and hangs).") if not repeated else (
             f"The first time, it was retried as a possible storage hiccup; it came back at the same step "
-            f"({repeated['step']}) after the restart from the newest checkpoint, which replays the same batch, so it "
+            f"({repeated.step}) after the restart from the newest checkpoint, which replays the same batch, so it "
             "is deterministic (the data at that step, the code, or access to storage), not the infrastructure, and "
             "it was not retried again.")
         return f"run '{job.name}' failed on {attempt}: {root.message}. {why} Full traceback: {log_file}. {kept}"
@@ -325,7 +325,7 @@ def describe_failure(job: JobSpec, error: BaseException, run_dir, result, watche
                 f"failure.max_preemptions (-1: unlimited). Worker logs: {logs or 'ray logs'}. {kept}")
     if type(error).__name__ == "WorkerGroupError" and result.failures:  # ray.train's
         last = result.failures[-1]
-        ranks = "; ".join(_record_line(r) for r in last["ranks"])
+        ranks = "; ".join(_record_line(FailureRecord.from_dict(r)) for r in last["ranks"])
         return (f"run '{job.name}' failed after {result.restarts} restart(s), the most failure.max_failures "
                 f"({job.failure.max_failures}) allows; the last failure ({last['classification']}): {ranks}. "
                 f"Worker logs: {logs or 'ray logs'}. {kept}")

@@ -26,7 +26,7 @@ from orchestrator.driver.console import Console, taken_over_message
 from orchestrator.driver.failure_timeouts import recovery_settings
 from orchestrator.errors import RunStopped, TrainingFailed, UserError
 from orchestrator.observe.metrics import endpoint as metrics_endpoint
-from orchestrator.observe.result import RunResult, write_summary
+from orchestrator.observe.result import RunResult, RunStatus, write_summary
 from orchestrator.run_dir import RunDir, write_storage_marker
 from orchestrator.spec import JobSpec, resolve_spec
 from orchestrator.worker_config import LeaseFence, ScriptContext, WorkerConfig
@@ -130,7 +130,7 @@ def _run_holding(job: JobSpec, layout: RunDir, run_lease: RunLease, address: str
         result, error, attempt = _on_ray(job, layout, choice, run_lease, address, env, say, started,
                                          process_exits)
 
-    if result.status == "stopped":
+    if result.status == RunStatus.STOPPED:
         stopped_by = attempt.signals.received or "SIGINT"
         raise RunStopped(_stopped_message(job, stopped_by, result), signal_name=stopped_by)
     if error is not None:
@@ -158,9 +158,7 @@ def _on_ray(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease
         try:
             from orchestrator.monitor.actor import start_monitor
 
-            monitor = start_monitor(job.name, job.failure.hang_timeout_s, job.failure.phase_limits,
-                                    max_restarts=job.failure.max_failures,
-                                    straggler=(job.failure.straggler_ratio, job.failure.straggler_after_s))
+            monitor = start_monitor(job.name, job.failure)
             # The CLI leaves as soon as the run is done on its own embedded cluster (ended by pid
             # right after): waiting for Ray Train's teardown would only delay the user.
             grace = (FINISHED_GRACE_S if connection.embedded else WARM_FINISHED_GRACE_S if connection.warm
@@ -173,7 +171,7 @@ def _on_ray(job: JobSpec, layout: RunDir, choice: resume.ResumeChoice, run_lease
                                               else cluster.runtime_env_vars(worker_env)),
                 say, started, grace)
         finally:
-            done = result is not None and error is None and result.status == "finished"
+            done = result is not None and error is None and result.status == RunStatus.FINISHED
             cluster.disconnect(connection, process_exits=process_exits and done)
     return result, error, attempt
 
@@ -298,13 +296,13 @@ def _flatten_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
 def _already_finished(job: JobSpec, run_dir, choice: resume.ResumeChoice) -> RunResult:
     previous = RunResult.load(run_dir)
     if previous is not None:
-        previous.status = "already_finished"
+        previous.status = RunStatus.ALREADY_FINISHED
         previous.resumed_from = choice.to_dict()
         return previous
     manifest = choice.manifest
-    return RunResult(name=job.name, status="already_finished", run_dir=run_dir.uri, world_size=manifest.world_size,
-                     global_step=manifest.step, epochs=manifest.epoch, metrics=dict(manifest.metrics),
-                     final_checkpoint=choice.uri, resumed_from=choice.to_dict())
+    return RunResult(name=job.name, status=RunStatus.ALREADY_FINISHED, run_dir=run_dir.uri,
+                     world_size=manifest.world_size, global_step=manifest.step, epochs=manifest.epoch,
+                     metrics=dict(manifest.metrics), final_checkpoint=choice.uri, resumed_from=choice.to_dict())
 
 
 def _stopped_message(job: JobSpec, signal_name: str, result: RunResult) -> str:

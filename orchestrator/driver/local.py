@@ -124,9 +124,7 @@ def start_monitor(job: JobSpec) -> handles.InProcess:
     """The run monitor as a plain object in this process, called as the actor is."""
     from orchestrator.monitor.actor import RunMonitor
 
-    monitor = RunMonitor.__ray_actor_class__(job.failure.hang_timeout_s, job.failure.phase_limits,
-                                             job.failure.max_failures,
-                                             (job.failure.straggler_ratio, job.failure.straggler_after_s), job.name)
+    monitor = RunMonitor.__ray_actor_class__(job.failure, job.name)
     return handles.InProcess(monitor)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from orchestrator.failures import HANG, FailureRecord
 from orchestrator.monitor.attempts import InPlaceAttempts
 from orchestrator.monitor.collectives import odd_ranks
 from orchestrator.monitor.series import StepSeries
@@ -37,21 +38,26 @@ from orchestrator.observe.metrics import RankMetrics
 from orchestrator.protocol import (
     RESTART,
     AttemptBegun,
+    AttemptState,
     Beat,
     BeatReply,
     CheckpointCommitted,
     Event,
     Failure,
+    FailureContext,
     Finished,
     HangCollectives,
     Output,
+    Phase,
+    RankPlace,
     RankStarted,
     RestartInPlace,
     Stacks,
     StopRequested,
+    StragglerTotals,
     Verdict,
 )
-from orchestrator.rank.heartbeat import STARTING, TRAINING, WORKING
+from orchestrator.spec import FailureSpec
 
 # Lines of a script's rank-0 output held for the driver at most; older ones are dropped, counted.
 OUTPUT_LINES_HELD = 20_000
@@ -78,9 +84,8 @@ class OutputBuffer:
         return lines, dropped
 
 
-def start_monitor(run: str, hang_timeout_s: float, phase_limits: dict[str, float] | None = None,
-                  max_restarts: int = -1, straggler: tuple[float, float] = (1.3, 20.0)) -> ray.actor.ActorHandle:
-    """A RunMonitor on the driver's own node.
+def start_monitor(run: str, failure: FailureSpec) -> ray.actor.ActorHandle:
+    """The RunMonitor of run `run` (its failure section), on the driver's own node.
 
     It needs no CPU, so Ray could place it on any node; on a worker node it would die with that
     node, taking the run's record of committed checkpoints with it. The driver's node lives
@@ -89,21 +94,19 @@ def start_monitor(run: str, hang_timeout_s: float, phase_limits: dict[str, float
     """
     here = ray.get_runtime_context().get_node_id()
     return RunMonitor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-                              name=f"{run} monitor").remote(hang_timeout_s, phase_limits, max_restarts, straggler, run)
+                              name=f"{run} monitor").remote(failure, run)
 
 
 @ray.remote(num_cpus=0)
 class RunMonitor:
-    def __init__(self, hang_timeout_s: float = 60.0, phase_limits: dict[str, float] | None = None,
-                 max_restarts: int = -1, straggler: tuple[float, float] = (1.3, 20.0), run: str = "") -> None:
+    def __init__(self, failure: FailureSpec, run: str = "") -> None:
         self._run = run
         self._events: list[Event] = []
         self._latest_checkpoint: CheckpointCommitted | None = None
         # The attempt running now (protocol.py): the watchdog judges its beats alone.
         self._attempt = 0
-        self._watchdog = HangWatchdog(hang_timeout_s, dict(phase_limits or {}))
-        # failure.straggler_ratio and straggler_after_s.
-        self._stragglers = StragglerWatch(*straggler, host_of=self._host_of)
+        self._watchdog = HangWatchdog(failure.hang_timeout_s, failure.phase_limits)
+        self._stragglers = StragglerWatch(failure.straggler_ratio, failure.straggler_after_s, host_of=self._host_of)
         # Each rank's step time and own work a step, for Prometheus.
         self._rank_metrics = RankMetrics(run, RANK_METRICS_EVERY_S)
         # Each rank's steps over time, for `orchestrator report` (the run's history file).
@@ -121,8 +124,9 @@ class RunMonitor:
         # Per attempt: the newest step rank 0's heartbeat reported, and when (for goodput).
         self._last_steps: dict[int, tuple[int, float]] = {}
         # Every rank is a child of its node's agent: a failed rank restarts every rank in place
-        # (attempts.py), each restart a new attempt in the same worker group.
-        self._attempts = InPlaceAttempts(max_restarts)
+        # (attempts.py), each restart a new attempt in the same worker group (failure.max_failures
+        # counts both kinds of restart).
+        self._attempts = InPlaceAttempts(failure.max_failures)
         self._ranks = 0
         # The agents of the current group that ended and removed what they kept on their node.
         self._agents_done: set[int] = set()
@@ -179,24 +183,30 @@ class RunMonitor:
     def begin_group(self, world_size: int, workers: int = 1) -> AttemptBegun:
         """Agent 0 of a new worker group (`workers` agents, running `world_size` ranks): the
         attempt it starts, and the newest checkpoint of this run."""
-        latest = self._latest_checkpoint
-        self._attempt = self._attempts.new_group(workers)
         self._ranks = world_size
         self._agents_done = set()
-        self._watchdog.new_attempt(self._attempt, world_size, time.monotonic())
-        self._stragglers.new_attempt(self._attempt)
+        self._new_attempt(self._attempts.new_group(workers))
+        return AttemptBegun(self._attempt, self._latest_uri())
+
+    def _new_attempt(self, attempt: int) -> None:
+        """Attempt `attempt` starts (a group's start, or a restart in place): what judges the
+        ranks' beats starts afresh with it."""
+        self._attempt = attempt
+        self._watchdog.new_attempt(attempt, self._ranks, time.monotonic())
+        self._stragglers.new_attempt(attempt)
         self._rank_metrics.new_attempt()
-        return AttemptBegun(self._attempt, latest.uri if latest else None)
+
+    def _latest_uri(self) -> str | None:
+        return self._latest_checkpoint.uri if self._latest_checkpoint else None
 
     # --- the attempts in place (attempts.py) -----------------------------------------------------
 
-    def attempt_state(self) -> dict[str, Any]:
+    def attempt_state(self) -> AttemptState:
         """The attempt starting now, the restarts allowed, and the newest checkpoint committed in
         this run (a ctx job's rank 0 resumes from it)."""
-        latest = self._latest_checkpoint
-        return {**self._attempts.state(), "latest_uri": latest.uri if latest else None}
+        return self._attempts.state(self._latest_uri())
 
-    def attempt_report(self, attempt: int, worker: int, failure: dict[str, Any] | None) -> None:
+    def attempt_report(self, attempt: int, worker: int, failure: FailureRecord | None) -> None:
         """A node's ranks of `attempt` ended: all exited 0 (None), or one failed (its record)."""
         self._attempts.report(attempt, worker, failure, time.monotonic())
 
@@ -204,10 +214,7 @@ class RunMonitor:
         undecided = attempt not in self._attempts.verdicts
         verdict = self._attempts.verdict(attempt, time.monotonic())
         if undecided and verdict.action == RESTART:
-            self._attempt = verdict.attempt
-            self._watchdog.new_attempt(self._attempt, self._ranks, time.monotonic())
-            self._stragglers.new_attempt(self._attempt)
-            self._rank_metrics.new_attempt()
+            self._new_attempt(verdict.attempt)
             self.push(RestartInPlace(attempt=verdict.attempt, restarts=verdict.restarts,
                                      max_restarts=self._attempts.max_restarts, failure=verdict.failure))
         return verdict
@@ -223,9 +230,9 @@ class RunMonitor:
         if verdict is not None and undecided:
             verdict.time = wall  # an event's time is the wall clock's (protocol.Event)
         stop = self._stop_requested is not None
-        if beat.phase == TRAINING and attempt == self._attempt:
+        if beat.phase == Phase.TRAINING and attempt == self._attempt:
             self._rank_metrics.seen(beat.rank, beat.step, beat.work_s)
-        if attempt == self._attempt and beat.phase not in (STARTING, WORKING):
+        if attempt == self._attempt and beat.phase not in (Phase.STARTING, Phase.WORKING):
             # Before its first step a rank's count is not yet the resumed step it goes on from.
             self._series.seen(beat.rank, attempt, beat.step, wall)
         straggler = self._stragglers.observe(attempt, beat, now)
@@ -233,16 +240,16 @@ class RunMonitor:
             self.push(straggler)
         if verdict is not None and undecided:
             for rank in verdict.ranks:
-                self._attempts.report(attempt, -1, {"kind": "hang", "rank": rank, "decisive": True,
-                                                  "error": verdict.message, "hang": verdict.to_record()}, now)
+                self._attempts.report(attempt, -1, FailureRecord(rank, HANG, verdict.message, decisive=True,
+                                                                 hang=verdict.to_record()), now)
         return BeatReply(abort=self._abort_reason, stop=stop)
 
     def last_steps(self) -> dict[int, tuple[int, float]]:
         return dict(self._last_steps)
 
-    def stragglers(self) -> dict[str, Any]:
+    def stragglers(self) -> StragglerTotals:
         """The seconds the group waited for its slowest rank, and the slowest rank now (summary.json)."""
-        return {"wait_s": round(self._stragglers.wait_s, 3), "slowest": self._stragglers.slowest()}
+        return StragglerTotals(round(self._stragglers.wait_s, 3), self._stragglers.slowest())
 
     def step_series(self) -> dict[str, list[list[float]]]:
         """Each rank's (time, attempt, step) samples (monitor/series.py), for the run's history."""
@@ -252,22 +259,20 @@ class RunMonitor:
         return next((e.hostname for e in reversed(self._events)
                      if isinstance(e, RankStarted) and e.rank == rank and e.attempt == self._attempt), "")
 
-    def failure_context(self) -> dict[str, Any]:
+    def failure_context(self) -> FailureContext:
         """What Ray Train's controller needs to classify a failure of the current group (a lost
         agent): whether the run is stopping, where each rank ran, and the earlier failures'
         errors a retry could have got past (an error back at the same step is the data's). A hang
         is never one: its ranks restart in place."""
-        places = {e.rank: {"node_id": e.node_id, "pid": e.pid, "hostname": e.hostname}
+        places = {e.rank: RankPlace(e.node_id, e.pid, e.hostname)
                   for e in self._events if isinstance(e, RankStarted) and e.attempt == self._attempt}
-        earlier = [{k: r.get(k) for k in ("signature", "step", "node_id")} for e in self._events
-                   if isinstance(e, Failure) for r in e.ranks if r.get("signature")]
+        earlier = [r for e in self._events if isinstance(e, Failure) for r in e.ranks if r.signature]
         exhausted = None
         if self._attempts.exhausted:
             exhausted = (f"the run used all {self._attempts.restarts} restart(s) failure.max_failures "
                          f"({self._attempts.max_restarts}) allows, in place and of the whole group together")
-        return {"stopping": self._stop_requested is not None, "places": places,
-                "taken_over": self._taken_over, "restarts_exhausted": exhausted,
-                "earlier": earlier}
+        return FailureContext(stopping=self._stop_requested is not None, places=places, taken_over=self._taken_over,
+                              restarts_exhausted=exhausted, earlier=earlier)
 
     def request_stop(self, deadline: float) -> None:
         if self._stop_requested is None:

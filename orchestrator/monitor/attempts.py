@@ -17,11 +17,11 @@ supervisor reports it here; every supervisor polls for the attempt's verdict:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
-from orchestrator.failures import FailureRecord, mark_repeats
-from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
+from orchestrator.failures import TAKEN_OVER, USER, FailureRecord, mark_repeats
+from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, AttemptState, Verdict, cause_order
 
 # Seconds the monitor waits, after the first failure of an attempt that could be a consequence (a
 # communication error), for a peer's report that could be its cause (a user error).
@@ -36,14 +36,14 @@ class InPlaceAttempts:
     # every restart, in place or of the whole group. 0 before the first.
     attempt: int = 0
     workers: int = 0
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
     first_failure: float | None = None
     decisive: bool = False
     done: set[int] = field(default_factory=set)
     # Per attempt: the verdict once reached.
     verdicts: dict[int, Verdict] = field(default_factory=dict)
     # Every failure reported in this run, for errors a restart brings back at the same step.
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[FailureRecord] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -62,12 +62,11 @@ class InPlaceAttempts:
         self._new_attempt()
         return self.attempt
 
-    def state(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "restarts": self.restarts, "max_restarts": self.max_restarts}
+    def state(self, latest_uri: str | None = None) -> AttemptState:
+        return AttemptState(self.attempt, self.restarts, self.max_restarts, latest_uri)
 
-    def report(self, attempt: int, worker: int, failure: dict[str, Any] | None, now: float) -> None:
-        """A node's children ended: every one exited 0 (`failure` None), or one failed, its record
-        (kind user|infrastructure|exit|hang, rank, error, decisive...)."""
+    def report(self, attempt: int, worker: int, failure: FailureRecord | None, now: float) -> None:
+        """A node's children ended: every one exited 0 (`failure` None), or one failed, its record."""
         if attempt != self.attempt or attempt in self.verdicts:
             return  # a late report of an attempt already decided
         if failure is None:
@@ -79,7 +78,7 @@ class InPlaceAttempts:
         if self.first_failure is None:
             self.first_failure = now
         # A signal death or a hang has no cause to wait for; a communication error may be a peer's bug.
-        self.decisive = self.decisive or failure.get("decisive", False)
+        self.decisive = self.decisive or failure.decisive
 
     def verdict(self, attempt: int, now: float) -> Verdict:
         decided = self.verdicts.get(attempt)
@@ -88,10 +87,9 @@ class InPlaceAttempts:
         if self.failures:
             # Not restarted: another driver holds the run now (a rank's commit found the lease
             # gone), or a rank's own code failed.
-            final = [f for f in self.failures if f.get("kind") == "taken_over"] or [
-                f for f in self.failures if f.get("kind") == "user"]
+            final = [f for f in self.failures if f.kind == TAKEN_OVER] or [f for f in self.failures if f.kind == USER]
             if final:
-                return self._decide(Verdict(FAIL, failure=min(final, key=lambda f: f["rank"])))
+                return self._decide(Verdict(FAIL, failure=min(final, key=lambda f: f.rank)))
             if not self.decisive and now - self.first_failure < SETTLE_S:
                 return Verdict(WAIT)
             cause = min(self.failures, key=cause_order)
@@ -115,15 +113,12 @@ class InPlaceAttempts:
         self.done = set()
 
 
-def _marked_if_repeated(failure: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+def _marked_if_repeated(failure: FailureRecord, earlier: list[FailureRecord]) -> FailureRecord:
     """The failure as the user's when an earlier attempt raised the same error at the same step
     (failures.mark_repeats: exact resume replayed the same batch into it), else unchanged."""
-    fields = {k: failure[k] for k in ("rank", "kind", "error", "where", "node_id", "step", "signature", "fault")
-              if k in failure}
-    if "rank" not in fields or "error" not in fields:
-        return failure
-    record = FailureRecord(**fields)
+    record = dataclasses.replace(failure)
     mark_repeats([record], earlier)
     if not record.repeated:
         return failure
-    return {**failure, "kind": record.kind, "repeated": True, "note": record.note, "decisive": True}
+    record.decisive = True
+    return record

@@ -20,8 +20,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.protocol import Beat, Straggler
-from orchestrator.rank.heartbeat import TRAINING
+from orchestrator.protocol import Beat, Phase, SlowestRank, Straggler
 
 # Seconds a step a straggler must be behind its peers' median to be named.
 MIN_EXCESS_S = 0.005
@@ -54,7 +53,7 @@ class StragglerWatch:
         """Take a rank's beat; the warning, the moment the rank counts as a straggler (else None)."""
         if attempt != self.attempt:
             return None
-        if beat.phase != TRAINING or not beat.work_s:
+        if beat.phase != Phase.TRAINING or not beat.work_s:
             self.since.pop(beat.rank, None)  # its last training beat stays its measure
             return None
         self.beats[beat.rank] = beat
@@ -80,14 +79,14 @@ class StragglerWatch:
             self.wait_s += (step - self.step) * max(0.0, slowest - statistics.median(others))
         self.step = step if self.step is None else max(self.step, step)
 
-    def slowest(self) -> dict | None:
+    def slowest(self) -> SlowestRank | None:
         """The slowest training rank now, against its peers' median (None with fewer than two)."""
         if len(self.beats) < 2:
             return None
         rank, beat = max(self.beats.items(), key=lambda item: item[1].work_s)
         median = statistics.median(b.work_s for r, b in self.beats.items() if r != rank)
-        return {"rank": rank, "node_id": beat.node_id, "host": self.host_of(rank), "work_s": beat.work_s,
-                "peers_median_s": median, "ratio": beat.work_s / median if median else None}
+        return SlowestRank(rank=rank, node_id=beat.node_id, host=self.host_of(rank), work_s=beat.work_s,
+                           peers_median_s=median, ratio=beat.work_s / median if median else None)
 
     def _warning(self, beat: Beat, median: float, for_s: float) -> Straggler:
         host = self.host_of(beat.rank)

@@ -39,13 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.protocol import Beat, Hang
-from orchestrator.rank.heartbeat import FINISHED
+from orchestrator.protocol import Beat, Hang, Phase
 
-TIMED_PHASE = "training"
+TIMED_PHASE = Phase.TRAINING
 # The spec field that bounds each phase with a limit of its own.
-PHASE_LIMIT_FIELDS = {"starting": "failure.startup_timeout_s", "checkpoint": "failure.checkpoint_timeout_s",
-                      "finishing": "failure.finish_timeout_s"}
+PHASE_LIMIT_FIELDS = {Phase.STARTING: "failure.startup_timeout_s", Phase.CHECKPOINT: "failure.checkpoint_timeout_s",
+                      Phase.FINISHING: "failure.finish_timeout_s"}
 # Seconds without a heartbeat (sent every second) after which a rank counts as silent.
 SILENT_AFTER_S = 4.0
 
@@ -86,11 +85,11 @@ class HangWatchdog:
         if self.verdict is not None:
             return self.verdict
         limit = self.hang_timeout_s
-        everyone = [self.beats.get(r) or Beat(r, 0, "starting", 0.0, received=self.started)
+        everyone = [self.beats.get(r) or Beat(r, 0, Phase.STARTING, 0.0, received=self.started)
                     for r in range(self.world_size)]
         # A rank that finished is done, not silent; its peers go on alone.
-        finished = [b for b in everyone if b.phase == FINISHED]
-        everyone = [b for b in everyone if b.phase != FINISHED]
+        finished = [b for b in everyone if b.phase == Phase.FINISHED]
+        everyone = [b for b in everyone if b.phase != Phase.FINISHED]
         if not everyone:
             return None
         # Frozen ranks: silent while a peer still beats (with every rank silent there is no one

@@ -50,6 +50,13 @@ class _Group:
         if self.last_step is None or step > self.last_step:
             self.last_step, self.last_time = step, when
 
+    def saw(self, event: Progress | Finished, stall_s: float) -> None:
+        """A progress report of the group's rank 0 (Progress or Finished), with its stall so far."""
+        self.see(int(event.step), event.time)
+        self.stall_s = float(stall_s)
+        if event.step_time_s:
+            self.timed_s = float(event.step_time_s)
+
     def step_time(self) -> float | None:
         if self.timed_s:
             return self.timed_s
@@ -70,16 +77,14 @@ def compute(events: list[Event], *, started: float, ended: float,
     """
     groups: dict[int, _Group] = {}  # per attempt
     for event in events:
-        if isinstance(event, RankStarted) and event.rank == 0:
-            groups[event.attempt] = _Group(restored_step=event.restored_step or 0)
-        elif isinstance(event, (Progress, Finished)) and event.attempt in groups:
-            group = groups[event.attempt]
-            if isinstance(event, Progress) and event.step <= group.restored_step:
-                continue  # an epoch-boundary report before any step of this attempt
-            group.see(int(event.step), event.time)
-            group.stall_s = float(event.stall_s if isinstance(event, Progress) else event.checkpoint_stall_s)
-            if event.step_time_s:
-                group.timed_s = float(event.step_time_s)
+        match event:
+            case RankStarted(rank=0):
+                groups[event.attempt] = _Group(restored_step=event.restored_step or 0)
+            # (Progress at the step its attempt resumed from: an epoch-boundary report before any step, left out.)
+            case Progress() if event.attempt in groups and event.step > groups[event.attempt].restored_step:
+                groups[event.attempt].saw(event, event.stall_s)
+            case Finished() if event.attempt in groups:
+                groups[event.attempt].saw(event, event.checkpoint_stall_s)
     for attempt, (step, when) in (last_steps or {}).items():
         if attempt in groups and step > groups[attempt].restored_step:
             groups[attempt].see(step, when)

@@ -120,27 +120,28 @@ class RunMetrics:
         """One event of the run monitor (see monitor/actor.py), in the order they were pushed."""
         if isinstance(event, (RankStarted, Progress, Finished)):
             self._goodput_events.append(event)
-        if isinstance(event, RankStarted) and event.rank == 0:
-            self._attempt_started(event)
-        elif isinstance(event, Failure):
-            self._pending_cause = event.classification
-        elif isinstance(event, RestartInPlace):  # the ranks restart in their agents, for a rank's failure
-            self._pending_cause = HANG if event.failure.get("kind") == HANG else INFRASTRUCTURE
-        elif isinstance(event, (Progress, Finished)):
-            self._progress(event)
-        elif isinstance(event, CheckpointCommitted):
-            self._checkpoints.inc(1, tags=self._tags)
-            self._newest_checkpoint_time = event.time
-            self.values["checkpoint_step"] = float(event.step)
-            # Progress comes every few seconds; a committed step is done, whatever it said last.
-            self.values["global_step"] = max(self.values.get("global_step", 0.0), float(event.step))
+        match event:
+            case RankStarted(rank=0):
+                self._attempt_started(event)
+            case Failure():
+                self._pending_cause = event.classification
+            case RestartInPlace():  # the ranks restart in their agents, for a rank's failure
+                self._pending_cause = HANG if event.failure.kind == HANG else INFRASTRUCTURE
+            case Progress() | Finished():
+                self._progress(event)
+            case CheckpointCommitted():
+                self._checkpoints.inc(1, tags=self._tags)
+                self._newest_checkpoint_time = event.time
+                self.values["checkpoint_step"] = float(event.step)
+                # Progress comes every few seconds; a committed step is done, whatever it said last.
+                self.values["global_step"] = max(self.values.get("global_step", 0.0), float(event.step))
 
     def _attempt_started(self, event: RankStarted) -> None:
         self._attempts += 1
         self.values["world_size"] = float(event.world_size)
         self.values["global_step"] = float(event.restored_step or 0)
         if self._attempts > 1:
-            cause = self._pending_cause or RESIZE
+            cause = str(self._pending_cause or RESIZE)  # a plain str for Ray's tags
             self.restarts[cause] = self.restarts.get(cause, 0) + 1
             self._restarts.inc(1, tags={**self._tags, "cause": cause})
         self._pending_cause = None

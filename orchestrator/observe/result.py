@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import storage
-from orchestrator.failures import FailureRecord
+from orchestrator.failures import FailureKind, StrEnum
 from orchestrator.observe.goodput import describe as goodput_line
 from orchestrator.protocol import (
     CheckpointCommitted,
@@ -19,13 +19,29 @@ from orchestrator.protocol import (
     Progress,
     RankStarted,
     RestartInPlace,
+    SlowestRank,
     Straggler,
 )
 from orchestrator.storage import Location
 
 SUMMARY_NAME = "summary.json"
-# faults.TAKEN_OVER: the classification of a failure that another driver's takeover caused.
-TAKEN_OVER = "taken_over"
+
+
+class RunStatus(StrEnum):
+    """How a run ended (RunResult.status)."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    # By a signal: Ctrl-C, SIGTERM, ray job stop.
+    STOPPED = "stopped"
+    # The run had finished before this command: nothing was trained.
+    ALREADY_FINISHED = "already_finished"
+    # Another driver took the run over (a failure classified FailureKind.TAKEN_OVER).
+    TAKEN_OVER = "taken_over"
+
+
+# The status by the short name the driver imports.
+TAKEN_OVER = RunStatus.TAKEN_OVER
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +49,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunResult:
     name: str
-    # finished | failed | stopped (by a signal: Ctrl-C, ray job stop) | already_finished |
-    # taken_over (another driver took the run over)
+    # A RunStatus: finished | failed | stopped | already_finished | taken_over.
     status: str
     run_dir: str
     world_size: int
@@ -87,7 +102,7 @@ class RunResult:
     @classmethod
     def from_events(cls, job, run_dir: Location, events: list[Event], choice, *, wall_seconds: float,
                     error: BaseException | None, stopped_by: str | None = None,
-                    goodput: dict[str, Any] | None = None, slowest: dict[str, Any] | None = None) -> RunResult:
+                    goodput: dict[str, Any] | None = None, slowest: SlowestRank | None = None) -> RunResult:
         by_attempt: dict[int, list[RankStarted]] = {}
         for event in events:
             if isinstance(event, RankStarted):
@@ -126,7 +141,7 @@ class RunResult:
             error=_error_line(error, stopped_by),
             kind=job.kind,
             stragglers=[e.to_record() for e in events if isinstance(e, Straggler)],
-            slowest_rank=slowest,
+            slowest_rank=asdict(slowest) if slowest else None,
             hang_collectives=[e.to_record() for e in events if isinstance(e, HangCollectives)],
         )
 
@@ -172,12 +187,13 @@ def _changes(values: list[int]) -> list[int]:
 
 
 def _status(error: BaseException | None, finished: Finished | None, stopped_by: str | None,
-            events: list[Event]) -> str:
+            events: list[Event]) -> RunStatus:
     if stopped_by or (finished is not None and finished.stopped):
-        return "stopped"
-    if error is not None and any(isinstance(e, Failure) and e.classification == TAKEN_OVER for e in events):
-        return TAKEN_OVER
-    return "failed" if error is not None or finished is None else "finished"
+        return RunStatus.STOPPED
+    if error is not None and any(isinstance(e, Failure) and e.classification == FailureKind.TAKEN_OVER
+                                 for e in events):
+        return RunStatus.TAKEN_OVER
+    return RunStatus.FAILED if error is not None or finished is None else RunStatus.FINISHED
 
 
 def _error_line(error: BaseException | None, stopped_by: str | None) -> str | None:
@@ -202,9 +218,5 @@ def _failure_entry(event: Failure | RestartInPlace) -> dict[str, Any]:
     if isinstance(event, Failure):
         return {**{k: v for k, v in event.to_record().items() if k != "kind"}, "in_place": False}
     failure = event.failure
-    # The rank's FailureRecord as a group failure lists it (every field), with the agent's extras (its log).
-    known = {k: failure[k] for k in FailureRecord.__dataclass_fields__ if k in failure}
-    extras = {k: v for k, v in failure.items() if k not in known and k not in ("hang", "decisive", "last_lines")}
-    rank = {**asdict(FailureRecord(**{"rank": -1, "kind": "", "error": "", **known})), **extras}
-    return {"time": event.time, "classification": failure.get("kind", ""), "ranks": [rank],
-            "hang": failure.get("hang"), "exhausted": False, "in_place": True}
+    return {"time": event.time, "classification": failure.kind, "ranks": [failure.to_dict(summary=True)],
+            "hang": failure.hang, "exhausted": False, "in_place": True}

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from orchestrator.failures import is_user_file
-from orchestrator.protocol import Beat, RunWarning
+from orchestrator.protocol import Beat, Phase, RunWarning
 from orchestrator.rank import build_lock
-from orchestrator.rank.script.bootstrap import BEAT_FILE_VAR, WORK_OFFSET
+from orchestrator.rank.agent_contract import BEAT_FILE_VAR, HANG_EXIT_CODE, SECONDS, WORK_OFFSET
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -34,17 +34,10 @@ log = logging.getLogger("orchestrator.worker")
 HEARTBEAT_INTERVAL_S = 1.0
 # Seconds a heartbeat may wait for the monitor's reply.
 REPLY_TIMEOUT_S = 10.0
-# Exit status of a worker that ends itself because its group hung.
-HANG_EXIT_CODE = 75
-
-# What the training thread does. "training" is timed by failure.hang_timeout_s; "starting" (up to
-# the group's first optimizer step), "checkpoint" and "finishing" have limits of their own; the
-# rest are not timed (watchdog.py).
+# What the training thread does (protocol.Phase), by the short names the harnesses use.
 STARTING, TRAINING, CHECKPOINT, VALIDATION, EPOCH_END, FINISHING = (
-    "starting", "training", "checkpoint", "validation", "epoch_end", "finishing")
-# A torchrun script's rank says only this much (monitor/watchdog.py judges it by its liveness): it
-# has taken no optimizer step yet, or it exited 0.
-WORKING, FINISHED = "working", "finished"
+    Phase.STARTING, Phase.TRAINING, Phase.CHECKPOINT, Phase.VALIDATION, Phase.EPOCH_END, Phase.FINISHING)
+WORKING, FINISHED = Phase.WORKING, Phase.FINISHED
 
 
 class Heartbeat:
@@ -128,7 +121,7 @@ class Heartbeat:
         if self._beat_fd is None:
             return None
         try:
-            (work,) = struct.unpack("<d", os.pread(self._beat_fd, 8, WORK_OFFSET))
+            (work,) = SECONDS.unpack(os.pread(self._beat_fd, SECONDS.size, WORK_OFFSET))
         except (OSError, struct.error):
             return None
         return work or None

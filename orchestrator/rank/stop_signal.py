@@ -23,14 +23,27 @@ A torchrun script's rank gets none of this: it receives SIGTERM as under torchru
 itself. Standard library only: script/bootstrap.py loads it by path, before the rank's imports.
 """
 
+import importlib.util
 import os
 import signal
 import sys
 import threading
 
-# Beside a rank's failure file: it was sent SIGTERM from outside once, and again.
-STOP_SUFFIX, STOP_AGAIN_SUFFIX = ".stop", ".stop-again"
-FAILURE_FILE_VAR, AGENT_PID_VAR = "ORCHESTRATOR_FAILURE_FILE", "ORCHESTRATOR_SUPERVISOR_PID"
+
+def _contract():
+    """rank/agent_contract.py, loaded by path as this file is (script/bootstrap.py)."""
+    found = importlib.util.spec_from_file_location(
+        "orchestrator_agent_contract", os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_contract.py"))
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+# Beside a rank's failure file: it was sent SIGTERM from outside once, and again; and the variables
+# that name that file and the rank's agent.
+_CONTRACT = _contract()
+STOP_SUFFIX, STOP_AGAIN_SUFFIX = _CONTRACT.STOP_SUFFIX, _CONTRACT.STOP_AGAIN_SUFFIX
+FAILURE_FILE_VAR, AGENT_PID_VAR = _CONTRACT.FAILURE_FILE_VAR, _CONTRACT.AGENT_PID_VAR
 _TERM = {signal.SIGTERM}
 
 

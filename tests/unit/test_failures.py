@@ -34,16 +34,16 @@ from orchestrator.failures import (
     INFRASTRUCTURE,
     USER,
     FailureRecord,
-    UserCodeFailed,
     WorkerFailure,
     classify,
 )
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.classifier import classify_failure, describe_ray_error
+from orchestrator.monitor.controller_errors import RunTakenOver, UserCodeFailed
 from orchestrator.observe.result import RunResult, write_summary
 from orchestrator.protocol import Failure, RankStarted
 from orchestrator.run_dir import RunDir
-from orchestrator.spec import validate
+from orchestrator.spec import FailureSpec, validate
 
 # What torch appends to every CUDA error's first line (c10/cuda/CUDAException.cpp).
 CUDA_SUFFIX = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
@@ -73,7 +73,7 @@ def _cuda_error(text: str, code: int) -> torch.AcceleratorError:
 def _view(places: dict[int, tuple[str, str, int]]) -> dict:
     """What the run monitor tells Ray Train's controller of a group whose ranks started at
     `places` (rank -> node id, host, pid): from a real RunMonitor (the object inside the actor)."""
-    monitor = RunMonitor.__ray_actor_class__(30.0)
+    monitor = RunMonitor.__ray_actor_class__(FailureSpec(hang_timeout_s=30.0, max_failures=-1))
     attempt = monitor.begin_group(len(places)).attempt
     for rank, (node_id, hostname, pid) in places.items():
         monitor.push(RankStarted(rank=rank, attempt=attempt, world_size=len(places), node_id=node_id,
@@ -122,14 +122,14 @@ def test_the_same_error_at_the_same_step_after_a_restart_is_the_users_and_a_hicc
     assert "row group 5 of" in first.error
 
     again = failure(31)  # the restarted group replays step 31 and fails the same way
-    faults.mark_repeats([again], [asdict(first)])
+    faults.mark_repeats([again], [first])
     assert again.kind == USER and again.repeated and "same step (31)" in again.note and "data" in again.note
     assert faults.overall([again], None, False) == USER
 
     later = failure(57)  # the same error, elsewhere in training: still possibly a hiccup
     other = FailureRecord(**{**asdict(failure(31)), "signature": "0123456789abcdef"})  # another error at 31
     unknown = failure(None)  # raised before the group trained: no step to compare
-    faults.mark_repeats([later, other, unknown], [asdict(first)])
+    faults.mark_repeats([later, other, unknown], [first])
     assert [r.kind for r in (later, other, unknown)] == [INFRASTRUCTURE] * 3
     assert faults.overall([later, other], None, False) == INFRASTRUCTURE
     # Errors of the program itself carry no signature: they fail at once, on their own.
@@ -145,17 +145,17 @@ def test_the_same_error_at_the_same_step_after_a_restart_is_the_users_and_a_hicc
 
 def test_a_repeated_failure_is_told_as_the_datas_not_as_a_bug_in_the_training_code(tmp_path, damaged):
     record = WorkerFailure.from_exception(_raised(lambda: _read(damaged, [260])), rank=0, step=31).record
-    faults.mark_repeats([record], [{"signature": record.signature, "step": 31, "node_id": ""}])
+    faults.mark_repeats([record], [FailureRecord(0, INFRASTRUCTURE, "", signature=record.signature, step=31)])
     job = validate({"name": "damaged", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1}})
     run_dir = storage.resolve(str(tmp_path / "damaged"))
-    error = ray.train.ControllerError(UserCodeFailed(record.describe(), [asdict(record)]))
+    error = ray.train.ControllerError(UserCodeFailed(record.describe(), [record]))
     result = RunResult(name="damaged", status="failed", run_dir=run_dir.uri, world_size=1, global_step=31,
                        epochs=0, restarts=1)
     message = describe_failure(job, error, run_dir, result, None)
     assert message.startswith("run 'damaged' failed on attempt 2: rank 0: ParquetReadError: data.train.path: "
                               f"row group 5 of '{damaged}'")
     assert "same step (31)" in message and "the data" in message and "error in the training code" not in message
-    line = RunWatcher(None, job, print)._format(Failure(classification=USER, ranks=[asdict(record)]))
+    line = RunWatcher(None, job, print)._format(Failure(classification=USER, ranks=[record]))
     assert "came back at the same step" in line and "error in the training code" not in line
 
 
@@ -216,7 +216,7 @@ def test_a_gpu_fault_at_the_same_step_is_the_nodes_unless_another_node_raised_it
         record.node_id = node
         return record
 
-    before = asdict(fault("node-a"))
+    before = fault("node-a")
     same_node, other_node = fault("node-a"), fault("node-b")
     faults.mark_repeats([same_node, other_node], [before])
     assert same_node.kind == INFRASTRUCTURE and not same_node.repeated  # the GPU is still broken
@@ -254,11 +254,11 @@ def test_a_run_taken_over_by_another_driver_is_taken_over_not_a_bug_in_the_train
 
     job = validate({"name": "taken", "torch": {"train_loop": "classify_jobs:train_loop", "max_epochs": 1}})
     line = RunWatcher(None, job, print)._format(Failure(classification=faults.TAKEN_OVER,
-                                                        ranks=[asdict(record), asdict(peer)]))
+                                                        ranks=[record, peer]))
     assert "another driver took the run over" in line and "error in the training code" not in line
-    error = ray.train.ControllerError(faults.RunTakenOver(record.describe(), [asdict(record)]))
+    error = ray.train.ControllerError(RunTakenOver(record.describe(), [record]))
     result = RunResult.from_events(job, run_dir.location, [Failure(classification=faults.TAKEN_OVER,
-                                                                    ranks=[asdict(record)])],
+                                                                    ranks=[record])],
                                    ResumeChoice(None, None, "fresh run"), wall_seconds=1.0, error=error)
     message = describe_failure(job, error, run_dir.location, result, None)
     assert message.startswith("run 'taken' stopped on this driver: another driver took the run over")

@@ -7,6 +7,7 @@ import json
 import pickle
 
 from orchestrator import protocol
+from orchestrator.failures import INFRASTRUCTURE, FailureRecord
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.protocol import (
     FINISH,
@@ -20,6 +21,7 @@ from orchestrator.protocol import (
     RestartInPlace,
     RunWarning,
 )
+from orchestrator.spec import FailureSpec
 
 
 def _events() -> list[type[Event]]:
@@ -39,7 +41,7 @@ def test_every_event_has_a_kind_of_its_own_and_becomes_plain_json():
 
 
 def _monitor(max_restarts: int = -1) -> RunMonitor:
-    return RunMonitor.__ray_actor_class__(hang_timeout_s=10.0, max_restarts=max_restarts)
+    return RunMonitor.__ray_actor_class__(FailureSpec(hang_timeout_s=10.0, max_failures=max_restarts))
 
 
 def test_the_monitor_stamps_events_keeps_the_newest_checkpoint_and_buffers_output_apart():
@@ -62,11 +64,11 @@ def test_the_monitor_stamps_events_keeps_the_newest_checkpoint_and_buffers_outpu
 def test_a_scripts_restart_in_place_is_the_next_attempt_and_late_beats_of_the_last_one_are_ignored():
     monitor = _monitor(max_restarts=3)
     assert monitor.begin_group(2, workers=1).attempt == 1
-    monitor.attempt_report(1, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "SIGKILL"})
+    monitor.attempt_report(1, 0, FailureRecord(rank=1, kind=INFRASTRUCTURE, decisive=True, error="SIGKILL"))
     verdict = monitor.attempt_verdict(1)
     assert verdict.action == RESTART and (verdict.attempt, verdict.restarts) == (2, 1)
     restart = monitor.events_since(0)[-1]
-    assert isinstance(restart, RestartInPlace) and restart.attempt == 2 and restart.failure["rank"] == 1
+    assert isinstance(restart, RestartInPlace) and restart.attempt == 2 and restart.failure.rank == 1
     # Attempt 1's ranks are gone: their beats are not the new attempt's.
     reply = monitor.beat(1, Beat(rank=0, step=5, phase="training", idle_s=0.0))
     assert reply == protocol.BeatReply() and list(monitor.last_steps()) == [1]
@@ -74,8 +76,8 @@ def test_a_scripts_restart_in_place_is_the_next_attempt_and_late_beats_of_the_la
     assert monitor.attempt_verdict(2).action == FINISH
     # A group restart after that is one more attempt of the same budget.
     assert monitor.begin_group(2, workers=1).attempt == 3
-    assert monitor.attempt_state() == {"attempt": 3, "restarts": 2, "max_restarts": 3, "latest_uri": None}
+    assert monitor.attempt_state() == protocol.AttemptState(attempt=3, restarts=2, max_restarts=3, latest_uri=None)
     # The newest checkpoint committed in the run is where the next attempt's rank 0 resumes.
     monitor.push(CheckpointCommitted(uri="store://step-8", step=8))
-    assert monitor.attempt_state()["latest_uri"] == "store://step-8"
+    assert monitor.attempt_state().latest_uri == "store://step-8"
 

@@ -39,21 +39,29 @@ import json
 import os
 import runpy
 import signal
-import struct
 import sys
 import threading
 import time
 
-# The beat file: optimizer steps taken, time.monotonic() of the last one, the median seconds
-# between consecutive steps (0 before the second), time.monotonic() of the stack's last move, the
-# median seconds of the rank's own work in a step (0 before it is known).
-BEAT = struct.Struct("<qdddd")
-STACK_OFFSET, WORK_OFFSET = 24, 32
-# Where the node's agent tells each rank its beat file is; and the signal and file of its flight recorder.
-BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = "ORCHESTRATOR_BEAT_FILE", "ORCHESTRATOR_FR_SIGNAL", "ORCHESTRATOR_FR_FILE"
-# Beside the failure file: the rank's training raised and its process is on its way out
-# (`mark_failing`); the agent beats "finishing" for it, and ends it after the hang timeout.
-FAILING_SUFFIX = ".failing"
+
+def _load_beside(name: str):
+    """A standard-library module of orchestrator/rank/ (agent_contract.py, spare.py, stop_signal.py),
+    loaded by path: importing the package would load far more than the standard library."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    found = importlib.util.spec_from_file_location(f"orchestrator_{name[:-3]}", path)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+# What this file and the node's agent agree on: the beat file's layout, the variables, the marks.
+_CONTRACT = _load_beside("agent_contract.py")
+BEAT_LAYOUT, STACK_OFFSET, WORK_OFFSET = _CONTRACT.BEAT_LAYOUT, _CONTRACT.STACK_OFFSET, _CONTRACT.WORK_OFFSET
+BEAT_FILE_VAR, FR_SIGNAL_VAR, FR_FILE_VAR = _CONTRACT.BEAT_FILE_VAR, _CONTRACT.FR_SIGNAL_VAR, _CONTRACT.FR_FILE_VAR
+FAILURE_FILE_VAR, FAILING_SUFFIX = _CONTRACT.FAILURE_FILE_VAR, _CONTRACT.FAILING_SUFFIX
+
 # Steps whose own work the median is taken over, and the steps the top-level modules are found in.
 WORK_KEPT = 16
 LEARN_STEPS = 3
@@ -73,14 +81,14 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the supervisor still ends its children itself
         return
-    if os.getppid() != int(os.environ.get("ORCHESTRATOR_SUPERVISOR_PID", os.getppid())):
+    if os.getppid() != int(os.environ.get(_CONTRACT.AGENT_PID_VAR, os.getppid())):
         os._exit(1)  # the supervisor died before the prctl took hold
 
 
 def _take_niceness() -> None:
     """The niceness of the user's shell, as under torchrun, rather than the one Ray gives its
     workers (15); lowering it needs the privilege to (root, CAP_SYS_NICE), else it stays."""
-    wanted = os.environ.get("ORCHESTRATOR_NICENESS")
+    wanted = os.environ.get(_CONTRACT.NICENESS_VAR)
     if wanted is None:
         return
     try:
@@ -92,7 +100,7 @@ def _take_niceness() -> None:
 def _open_beat_file(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     now = time.monotonic()
-    os.pwrite(fd, BEAT.pack(0, now, 0.0, now, 0.0), 0)
+    os.pwrite(fd, BEAT_LAYOUT.pack(0, now, 0.0, now, 0.0), 0)
     return fd
 
 
@@ -113,7 +121,7 @@ def _watch_stack(fd: int) -> None:
             del frame
             if here != last:
                 last = here
-                os.pwrite(fd, struct.pack("<d", time.monotonic()), STACK_OFFSET)
+                os.pwrite(fd, _CONTRACT.SECONDS.pack(time.monotonic()), STACK_OFFSET)
 
     threading.Thread(target=look, name="orchestrator-liveness", daemon=True).start()
 
@@ -225,8 +233,8 @@ def _count_optimizer_steps(beat_fd: list) -> None:
                 timing["median"], timing["computed"] = sorted(intervals)[len(intervals) // 2], now
         timing["last"] = now
         own = work.stepped(now)
-        os.pwrite(fd, struct.pack("<qdd", steps[0], now, timing["median"]), 0)
-        os.pwrite(fd, struct.pack("<d", own), WORK_OFFSET)
+        os.pwrite(fd, _CONTRACT.STEP_LAYOUT.pack(steps[0], now, timing["median"]), 0)
+        os.pwrite(fd, _CONTRACT.SECONDS.pack(own), WORK_OFFSET)
 
     hooks = {"torch.optim.optimizer": lambda module: module.register_optimizer_step_post_hook(stepped),
              "torch.nn.modules.module": work.hook_every_module}
@@ -260,7 +268,8 @@ def _count_optimizer_steps(beat_fd: list) -> None:
 
 
 def _write_failure(exc: BaseException, target: str) -> None:
-    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    """The failure file: the JSON of the error's FailureRecord (failures.py), which the agent reads back."""
+    path = os.environ.get(FAILURE_FILE_VAR)
     if not path:
         return
     try:
@@ -274,6 +283,8 @@ def _write_failure(exc: BaseException, target: str) -> None:
 
 
 def _classified(exc: BaseException, target: str) -> dict:
+    """The record of `exc` as JSON keeps it (FailureRecord.to_dict). A script's own exit status is
+    written without the package: a script that ends by sys.exit loads none of it."""
     if isinstance(exc, SystemExit):
         # The script's own choice (some exit non-zero on purpose to be restarted): torchrun
         # restarts it, and so does its agent, within the restarts allowed.
@@ -284,9 +295,7 @@ def _classified(exc: BaseException, target: str) -> dict:
     # A ctx rank (rank/rank_main.py) notes the step it failed at: a restart that brings the
     # same error back at the same step is the data's (monitor/attempts.py).
     step = getattr(exc, "orchestrator_step", None)
-    record = WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0")), step=step).record
-    return {"kind": record.kind, "error": record.error, "where": record.where, "signature": record.signature,
-            "fault": record.fault, "step": record.step}
+    return WorkerFailure.from_exception(exc, rank=int(os.environ.get("RANK", "0")), step=step).record.to_dict()
 
 
 def _wait_as_spare(modules: list[str], first: bool, beat_fd: list) -> None:
@@ -295,17 +304,6 @@ def _wait_as_spare(modules: list[str], first: bool, beat_fd: list) -> None:
     _count_optimizer_steps(beat_fd)
     spare = _load_beside("spare.py")
     spare.become(spare.wait(modules, session_too=not first))  # it ends in there if no attempt comes
-
-
-def _load_beside(name: str):
-    """A standard-library module of orchestrator/rank/ (spare.py, stop_signal.py), loaded by path."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
-    found = importlib.util.spec_from_file_location(f"orchestrator_{name[:-3]}", path)
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
 
 
 def _answer_flight_recorder() -> None:
@@ -346,7 +344,7 @@ def main(argv: list[str]) -> int:
     beat_fd: list = [None]
     if spare is not None:
         _wait_as_spare(spare, first, beat_fd)
-    stack_signal = int(os.environ.get("ORCHESTRATOR_STACK_SIGNAL", signal.SIGUSR2))
+    stack_signal = int(os.environ.get(_CONTRACT.STACK_SIGNAL_VAR, signal.SIGUSR2))
     # chain: after the dump, the signal's default action (the end of the process) runs, before
     # the main thread runs another line of the script.
     faulthandler.register(stack_signal, file=sys.stderr, all_threads=True, chain=True)
@@ -395,7 +393,7 @@ def mark_failing(exc: BaseException | None) -> None:
     (Lightning's on_exception hooks and teardown, a logger marking its run failed), then ends it and
     reports this error, never a hang (agent/supervisor.py). None takes the mark back (rank/session.py:
     a checkpoint commit to wait for first). Called by the rank's own code as the exception leaves."""
-    path = os.environ.get("ORCHESTRATOR_FAILURE_FILE")
+    path = os.environ.get(FAILURE_FILE_VAR)
     try:
         if path and exc is None:
             os.remove(path + FAILING_SUFFIX)
@@ -408,8 +406,8 @@ def mark_failing(exc: BaseException | None) -> None:
 
 def _returned() -> None:
     """The script ran to its end: a crash after this (a library's teardown at exit) is no failure."""
-    if os.environ.get("ORCHESTRATOR_FAILURE_FILE"):
-        open(os.environ["ORCHESTRATOR_FAILURE_FILE"] + ".returned", "w").close()
+    if os.environ.get(FAILURE_FILE_VAR):
+        open(os.environ[FAILURE_FILE_VAR] + _CONTRACT.RETURNED_SUFFIX, "w").close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 from conftest import wait_for
 
 from orchestrator.agent.children import LocalRanks, Placement
-from orchestrator.rank.script.bootstrap import FAILING_SUFFIX
+from orchestrator.rank.agent_contract import FAILING_SUFFIX
 
 pytestmark = pytest.mark.timeout(120)
 

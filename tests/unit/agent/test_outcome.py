@@ -30,14 +30,14 @@ def test_an_exception_then_an_abort_in_teardown_is_the_exception(tmp_path):
     child = _ended(tmp_path, "import atexit, os\natexit.register(os.abort)\nraise OSError(5, 'the storage does not answer')\n")
     assert child.process.returncode < 0  # it did die by SIGABRT
     failure = failure_of(child, "node", "host")
-    assert "OSError" in failure["error"] and "the storage does not answer" in failure["error"], failure
-    assert failure["rank"] == 1 and failure["kind"] == "infrastructure"
+    assert "OSError" in failure.error and "the storage does not answer" in failure.error, failure
+    assert failure.rank == 1 and failure.kind == "infrastructure"
 
 
 def test_a_rank_killed_by_a_signal_without_an_exception_says_so(tmp_path):
     child = _ended(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     failure = failure_of(child, "node", "host")
-    assert failure["error"].startswith("the process was killed by SIGKILL") and failure["decisive"]
+    assert failure.error.startswith("the process was killed by SIGKILL") and failure.decisive
 
 
 # A rank whose training raised, said so (as a ctx or Lightning rank's session does), and then spends
@@ -70,9 +70,9 @@ def test_a_rank_on_its_way_out_that_never_ends_is_ended_after_the_grace_and_its_
         wait_for(lambda: ranks.end_failing(grace_s=1.0) or child.process.poll() is not None, timeout=30)
         assert child.process.returncode == -signal.SIGKILL
         failure = failure_of(child, "node", "host")
-        assert failure["error"] == "KeyError: 'no such feature'" and failure["kind"] == "user", failure
-        assert "train.py:4" in failure["where"] and failure["decisive"], failure
-        assert "had not ended within failure.hang_timeout_s of this error" in failure["note"], failure
+        assert failure.error == "KeyError: 'no such feature'" and failure.kind == "user", failure
+        assert "train.py:4" in failure.where and failure.decisive, failure
+        assert "had not ended within failure.hang_timeout_s of this error" in failure.note, failure
     finally:
         ranks.stop()
 
@@ -84,6 +84,6 @@ def test_a_rank_on_its_way_out_that_ends_within_the_grace_is_left_to_end(tmp_pat
         wait_for(lambda: ranks.end_failing(grace_s=30.0) or child.process.poll() is not None, timeout=60)
         assert child.process.returncode == 1  # its own exit, not the agent's SIGKILL
         failure = failure_of(child, "node", "host")
-        assert failure["error"] == "KeyError: 'no such feature'" and "note" not in failure, failure
+        assert failure.error == "KeyError: 'no such feature'" and not failure.note, failure
     finally:
         ranks.stop()

@@ -19,8 +19,9 @@ from orchestrator.agent.children import BOOTSTRAP, LocalRanks, Placement
 from orchestrator.cli import build_parser
 from orchestrator.cli.torchrun import spec_from_args
 from orchestrator.errors import SpecError, UserError
+from orchestrator.failures import FailureRecord
 from orchestrator.monitor.attempts import SETTLE_S, InPlaceAttempts
-from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, Verdict, cause_order
+from orchestrator.protocol import FAIL, FINISH, RESTART, WAIT, AttemptState, Verdict, cause_order
 from orchestrator.spec import resolve_spec
 
 SEED = os.path.join("tests", "helpers", "torchrun_seed.py")
@@ -119,61 +120,61 @@ def _attempts(max_restarts=3, workers=2) -> InPlaceAttempts:
 
 def test_a_signal_death_restarts_every_rank_at_once_and_counts_the_restart():
     attempts = _attempts()
-    attempts.report(1, 0, {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}, 10.0)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}), 10.0)
     verdict = attempts.verdict(1, 10.0)
-    assert verdict.action == RESTART and verdict.failure["rank"] == 1 and verdict.restarts == 1
+    assert verdict.action == RESTART and verdict.failure.rank == 1 and verdict.restarts == 1
     assert verdict.attempt == 2
     # Every node asking about that attempt hears the same; the next attempt starts clean.
     assert attempts.verdict(1, 99.0) == verdict
-    assert attempts.state() == {"attempt": 2, "restarts": 1, "max_restarts": 3}
+    assert attempts.state() == AttemptState(attempt=2, restarts=1, max_restarts=3)
     assert attempts.verdict(2, 11.0) == Verdict(WAIT)
 
 
 def test_a_peers_communication_error_waits_for_the_bug_that_caused_it_and_the_bug_decides():
     attempts = _attempts()
-    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.0)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}), 10.0)
     assert attempts.verdict(1, 10.0 + SETTLE_S / 2) == Verdict(WAIT)
-    attempts.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError: bad batch"}, 10.0 + SETTLE_S / 2)
+    attempts.report(1, 1, FailureRecord.from_dict({"rank": 3, "kind": "user", "error": "ValueError: bad batch"}), 10.0 + SETTLE_S / 2)
     verdict = attempts.verdict(1, 10.0 + SETTLE_S / 2)
-    assert verdict.action == FAIL and verdict.failure["rank"] == 3
+    assert verdict.action == FAIL and verdict.failure.rank == 3
 
 
 def test_a_communication_error_alone_restarts_after_the_settling_time():
     attempts = _attempts()
-    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}, 10.0)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "error": "Connection reset by peer"}), 10.0)
     assert attempts.verdict(1, 10.0 + SETTLE_S + 0.01).action == RESTART
 
 
 def test_restarts_in_place_and_of_the_group_share_one_budget():
     attempts = _attempts(max_restarts=2)
-    attempts.report(1, 0, {"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}, 1.0)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "hang", "decisive": True, "error": "stopped answering"}), 1.0)
     assert attempts.verdict(1, 1.0).action == RESTART
     assert attempts.new_group(2) == 3  # Ray Train replaced a lost node: the second restart, attempt 3
     assert attempts.restarts == 2 and attempts.exhausted
-    attempts.report(3, 1, {"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}, 5.0)
+    attempts.report(3, 1, FailureRecord.from_dict({"rank": 2, "kind": "infrastructure", "decisive": True, "error": "killed"}), 5.0)
     verdict = attempts.verdict(3, 5.0)
     assert verdict.action == FAIL and verdict.exhausted
 
 
 def test_a_scripts_own_nonzero_exit_restarts_in_place_as_under_torchrun_after_waiting_for_a_peers_bug():
     attempts = _attempts()
-    exit_3 = {"rank": 1, "kind": "exit", "decisive": False, "error": "the script exited with status 3 (sys.exit)"}
+    exit_3 = FailureRecord.from_dict({"rank": 1, "kind": "exit", "decisive": False, "error": "the script exited with status 3 (sys.exit)"})
     attempts.report(1, 0, exit_3, 10.0)
     assert attempts.verdict(1, 10.0) == Verdict(WAIT)  # a peer's bug may be why it exited
     # Rank 0 then loses its peer in a collective: the consequence, not the cause.
-    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}, 10.1)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "error": "Connection closed by peer"}), 10.1)
     verdict = attempts.verdict(1, 10.0 + SETTLE_S + 0.01)
     assert verdict.action == RESTART and verdict.failure == exit_3 and verdict.restarts == 1
 
 
 def test_late_reports_of_a_decided_attempt_are_ignored_and_a_replaced_group_is_told_so():
     attempts = _attempts()
-    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}, 1.0)
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "decisive": True, "error": "killed"}), 1.0)
     decided = attempts.verdict(1, 1.0)
     assert decided.action == RESTART
     # Node 1's report of the same attempt arrives after the verdict: it changes neither that
     # verdict nor the next attempt's.
-    attempts.report(1, 1, {"rank": 3, "kind": "user", "error": "ValueError"}, 1.5)
+    attempts.report(1, 1, FailureRecord.from_dict({"rank": 3, "kind": "user", "error": "ValueError"}), 1.5)
     assert attempts.verdict(1, 2.0) == decided
     assert attempts.failures == [] and attempts.verdict(2, 2.0) == Verdict(WAIT)
     # Ray Train replaced the group: a supervisor of the old one asking about its attempt is told to stop.
@@ -187,24 +188,24 @@ def test_an_error_a_restart_in_place_brings_back_at_the_same_step_is_the_datas_a
     attempts = _attempts()
     damaged = {"rank": 1, "kind": "infrastructure", "error": "ParquetReadError: row group 5", "step": 42,
                "signature": "abc123", "decisive": False}
-    attempts.report(1, 1, dict(damaged), 1.0)
+    attempts.report(1, 1, FailureRecord.from_dict(damaged), 1.0)
     assert attempts.verdict(1, 1.0 + SETTLE_S + 0.01).action == RESTART
-    attempts.report(2, 1, dict(damaged, step=43), 5.0)  # another step: a hiccup again, restarted
+    attempts.report(2, 1, FailureRecord.from_dict(dict(damaged, step=43)), 5.0)  # another step: a hiccup again, restarted
     assert attempts.verdict(2, 5.0 + SETTLE_S + 0.01).action == RESTART
-    attempts.report(3, 1, dict(damaged), 9.0)
+    attempts.report(3, 1, FailureRecord.from_dict(damaged), 9.0)
     verdict = attempts.verdict(3, 9.0)
-    assert verdict.action == FAIL and verdict.failure["kind"] == "user" and verdict.failure["repeated"]
-    assert "same step (42)" in verdict.failure["note"]
+    assert verdict.action == FAIL and verdict.failure.kind == "user" and verdict.failure.repeated
+    assert "same step (42)" in verdict.failure.note
 
 
 def test_a_run_another_driver_took_over_is_not_restarted_in_place():
     # A rank's commit found the lease another driver's: no restart would be this driver's to make.
     attempts = _attempts()
-    attempts.report(1, 0, {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"},
+    attempts.report(1, 0, FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"}),
                   1.0)
-    attempts.report(1, 1, {"rank": 1, "kind": "taken_over", "decisive": True, "error": "LeaseLost: generation 2"}, 1.1)
+    attempts.report(1, 1, FailureRecord.from_dict({"rank": 1, "kind": "taken_over", "decisive": True, "error": "LeaseLost: generation 2"}), 1.1)
     verdict = attempts.verdict(1, 1.1)
-    assert verdict.action == FAIL and verdict.failure["kind"] == "taken_over" and attempts.restarts == 0
+    assert verdict.action == FAIL and verdict.failure.kind == "taken_over" and attempts.restarts == 0
 
 
 def test_an_attempt_finishes_when_every_node_reports_its_ranks_exited_0():
@@ -392,11 +393,11 @@ def test_rank_0s_output_is_held_bounded_until_the_driver_takes_it_and_then_forgo
 def test_of_two_ranks_of_one_node_that_ended_the_signal_death_is_the_cause_not_its_peers_lost_connection():
     """The agent may see rank 0's lost connection and rank 1's SIGKILL in one look: it reports
     rank 1's, as the monitor would choose between nodes."""
-    peer = {"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"}
-    killed = {"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"}
-    exited = {"rank": 2, "kind": "exit", "decisive": False, "error": "exited with status 3"}
+    peer = FailureRecord.from_dict({"rank": 0, "kind": "infrastructure", "decisive": False, "error": "Connection closed by peer"})
+    killed = FailureRecord.from_dict({"rank": 1, "kind": "infrastructure", "decisive": True, "error": "killed by SIGKILL"})
+    exited = FailureRecord.from_dict({"rank": 2, "kind": "exit", "decisive": False, "error": "exited with status 3"})
     assert min([peer, killed, exited], key=cause_order) == killed
     assert min([peer, exited], key=cause_order) == exited
     # Of two errors alike, the one that does not say a peer went away is the cause, whatever its rank.
-    reset = {"rank": 1, "kind": "infrastructure", "decisive": False, "error": "ConnectionResetError: the NIC failed"}
+    reset = FailureRecord.from_dict({"rank": 1, "kind": "infrastructure", "decisive": False, "error": "ConnectionResetError: the NIC failed"})
     assert min([peer, reset], key=cause_order) == reset

@@ -13,6 +13,7 @@ import pytest
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.watchdog import SILENT_AFTER_S
 from orchestrator.protocol import RESTART, WAIT, Beat
+from orchestrator.spec import FailureSpec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,7 +26,7 @@ def _beat(monitor, rank: int, step: int) -> None:
 
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0], ids=["forward", "back"])
 def test_a_wall_clock_step_neither_names_a_beating_rank_hung_nor_hides_a_silent_one(monkeypatch, step_s):
-    monitor = RunMonitor.__ray_actor_class__(hang_timeout_s=HANG_TIMEOUT_S)
+    monitor = RunMonitor.__ray_actor_class__(FailureSpec(hang_timeout_s=HANG_TIMEOUT_S, max_failures=-1))
     assert monitor.begin_group(2, 1).attempt == 1
     _beat(monitor, 0, 1)
     _beat(monitor, 1, 1)
@@ -44,7 +45,7 @@ def test_a_wall_clock_step_neither_names_a_beating_rank_hung_nor_hides_a_silent_
         time.sleep(0.2)
     silent_s = time.monotonic() - silent_from
     verdict = monitor.attempt_verdict(1)
-    assert verdict.action == RESTART and verdict.failure["kind"] == "hang", verdict
-    assert verdict.failure["rank"] == 0 and "stopped answering" in verdict.failure["error"], verdict
+    assert verdict.action == RESTART and verdict.failure.kind == "hang", verdict
+    assert verdict.failure.rank == 0 and "stopped answering" in verdict.failure.error, verdict
     assert silent_s >= SILENT_AFTER_S - 0.5, f"named after {silent_s:.1f} s of silence"
-    assert abs(verdict.failure["hang"]["time"] - time.time()) < 60, verdict.failure["hang"]
+    assert abs(verdict.failure.hang["time"] - time.time()) < 60, verdict.failure.hang

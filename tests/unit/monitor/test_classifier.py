@@ -22,15 +22,13 @@ from orchestrator.failures import (
     STOPPED,
     TAKEN_OVER,
     USER,
-    RestartsExhausted,
-    RunStoppedOnController,
-    RunTakenOver,
-    UserCodeFailed,
     WorkerFailure,
 )
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.classifier import DIED, FailureClassifier, classify_failure, describe_ray_error
+from orchestrator.monitor.controller_errors import RestartsExhausted, RunStoppedOnController, RunTakenOver, UserCodeFailed
 from orchestrator.protocol import RankStarted
+from orchestrator.spec import FailureSpec
 
 HANG_TIMEOUT_S = 30.0
 NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
@@ -39,7 +37,7 @@ NODES = {0: ("a" * 56, "node-a", 4100), 1: ("b" * 56, "node-b", 4200)}
 def _monitor(max_restarts: int = -1):
     """The run monitor (the plain object inside the actor) after a group of two ranks started on
     two nodes, as their worker_started events tell it."""
-    monitor = RunMonitor.__ray_actor_class__(HANG_TIMEOUT_S, None, max_restarts)
+    monitor = RunMonitor.__ray_actor_class__(FailureSpec(hang_timeout_s=HANG_TIMEOUT_S, max_failures=max_restarts))
     _start_group(monitor)
     return monitor
 
@@ -84,7 +82,7 @@ def test_each_failed_rank_is_recorded_with_the_node_host_and_process_it_ran_on_a
         (rank, *NODES[rank]) for rank in (0, 1)]
     event = decision.event()
     assert event.classification == INFRASTRUCTURE and not event.exhausted and event.hang is None
-    assert [r["hostname"] for r in event.ranks] == ["node-a", "node-b"]
+    assert [r.hostname for r in event.ranks] == ["node-a", "node-b"]
     # A rank the monitor never saw start is recorded without a place.
     unknown = classify_failure({5: _worker(_peer_gone, 5)}, _monitor().failure_context(), HANG_TIMEOUT_S)
     assert (unknown.records[0].node_id, unknown.records[0].hostname, unknown.records[0].pid) == ("", "", 0)
@@ -114,7 +112,7 @@ def test_an_error_back_at_the_same_step_after_a_restart_ends_the_run_as_the_user
     again = classify_failure({0: _worker(_damaged_page, 0, step=31)}, monitor.failure_context(), HANG_TIMEOUT_S)
     record = again.records[0]
     assert again.kind == USER and record.kind == USER and record.repeated and "same step (31)" in record.note
-    assert isinstance(again.end, UserCodeFailed) and again.end.records[0]["repeated"]
+    assert isinstance(again.end, UserCodeFailed) and again.end.records[0].repeated
 
 
 def test_a_gpu_hardware_fault_is_retried_with_the_node_to_drain_in_its_note():
@@ -127,14 +125,14 @@ def test_a_gpu_hardware_fault_is_retried_with_the_node_to_drain_in_its_note():
     record = decision.records[0]
     assert decision.kind == INFRASTRUCTURE and decision.end is None and record.fault == GPU
     assert f"ray drain-node --node-id {NODES[1][0]}" in record.note and "(host node-b)" in record.note
-    assert decision.event().ranks[0]["note"] == record.note  # what the console and summary.json show
+    assert decision.event().ranks[0].note == record.note  # what the console and summary.json show
 
 
 def test_a_bug_in_the_training_code_ends_the_run_at_once_as_that_ranks_and_not_as_its_peers():
     decision = classify_failure({0: _worker(_bug, 0), 1: _worker(_peer_gone, 1)}, _monitor().failure_context(),
                                 HANG_TIMEOUT_S)
     assert decision.kind == USER and isinstance(decision.end, UserCodeFailed)
-    assert [r["rank"] for r in decision.end.records] == [0]  # the peer's lost connection is the consequence
+    assert [r.rank for r in decision.end.records] == [0]  # the peer's lost connection is the consequence
     assert decision.end.message.startswith("rank 0: ValueError: invalid literal for int() with base 10: 'seven' at ")
     assert "test_classifier.py" in decision.end.message and "in _bug" in decision.end.message
     again = pickle.loads(pickle.dumps(decision.end))  # it crosses from the controller to the driver
@@ -165,18 +163,18 @@ def test_a_rank_that_lost_the_run_to_another_driver_ends_it_as_taken_over_naming
     decision = classify_failure({0: _worker(lost, 0), 1: _worker(_peer_gone, 1)}, _monitor().failure_context(),
                                 HANG_TIMEOUT_S)
     assert decision.kind == TAKEN_OVER and type(decision.end) is RunTakenOver
-    assert [r["rank"] for r in decision.end.records] == [0] and "generation 2 now holds it" in decision.end.message
+    assert [r.rank for r in decision.end.records] == [0] and "generation 2 now holds it" in decision.end.message
 
 
 def test_restarts_used_up_end_the_run_with_the_last_failure_but_a_bug_still_ends_it_as_a_bug():
     monitor = _monitor(max_restarts=1)  # a torchrun script's run: in-place and group restarts count together
     _start_group(monitor)  # the one group restart failure.max_failures allows
     view = monitor.failure_context()
-    assert view["restarts_exhausted"]
+    assert view.restarts_exhausted
 
     decision = classify_failure({1: _worker(_peer_gone, 1)}, view, HANG_TIMEOUT_S)
     assert decision.kind == INFRASTRUCTURE and decision.event().exhausted
-    assert isinstance(decision.end, RestartsExhausted) and decision.end.message.startswith(view["restarts_exhausted"])
+    assert isinstance(decision.end, RestartsExhausted) and decision.end.message.startswith(view.restarts_exhausted)
     assert "; the last failure (infrastructure): rank 1: RuntimeError: " in decision.end.message
 
     bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)

@@ -81,7 +81,7 @@ def test_the_slowest_rank_is_still_known_once_the_ranks_finish():
     _second(watch, 0.0, {0: 0.10, 1: 0.15})
     _second(watch, 1.0, {0: None, 1: None})  # finishing: no step, no measure
     assert watch.observe(1, _beat(1, 0.15, phase="finishing"), 2.0) is None
-    assert watch.slowest()["rank"] == 1
+    assert watch.slowest().rank == 1
 
 
 def test_a_new_attempt_judges_afresh_and_a_late_beat_is_ignored():
@@ -100,4 +100,4 @@ def test_the_groups_wait_for_its_slowest_rank_is_counted_by_rank_zeros_steps():
     _second(watch, 1.0, {1: 0.15, 2: 0.10, 0: 0.10}, step=110)  # 10 steps, 50 ms each behind
     assert abs(watch.wait_s - 0.5) < 1e-9
     slowest = watch.slowest()
-    assert slowest["rank"] == 1 and slowest["host"] == "gpu-b" and abs(slowest["ratio"] - 1.5) < 1e-9
+    assert slowest.rank == 1 and slowest.host == "gpu-b" and abs(slowest.ratio - 1.5) < 1e-9

@@ -25,6 +25,7 @@ from specs import STEPS_PER_EPOCH, torch_spec
 
 from orchestrator import storage
 from orchestrator.checkpoint import CheckpointStore
+from orchestrator.failures import FailureRecord
 from orchestrator.observe import metrics as run_metrics
 from orchestrator.observe.metrics import RunMetrics
 from orchestrator.protocol import CheckpointCommitted, Failure, Progress, RankStarted, RestartInPlace
@@ -51,11 +52,11 @@ def test_restarts_are_counted_by_the_cause_of_the_failure_before_them_and_a_star
 def test_a_restart_in_place_counts_by_the_cause_of_the_rank_that_failed_not_as_a_resize():
     metrics = RunMetrics("r", started=0.0)
     for event in (_started(1, 2, 1.0),
-                  RestartInPlace(attempt=2, restarts=1, max_restarts=3, failure={"rank": 1, "kind": "infrastructure"}),
+                  RestartInPlace(attempt=2, restarts=1, max_restarts=3, failure=FailureRecord(1, "infrastructure", "")),
                   _started(2, 2, 3.0),
-                  RestartInPlace(attempt=3, restarts=2, max_restarts=3, failure={"rank": 0, "kind": "hang"}),
+                  RestartInPlace(attempt=3, restarts=2, max_restarts=3, failure=FailureRecord(0, "hang", "")),
                   _started(3, 2, 5.0),
-                  RestartInPlace(attempt=4, restarts=3, max_restarts=3, failure={"rank": 0, "kind": "exit"}),
+                  RestartInPlace(attempt=4, restarts=3, max_restarts=3, failure=FailureRecord(0, "exit", "")),
                   _started(4, 2, 7.0)):
         metrics.observe(event)
     assert metrics.restarts == {"infrastructure": 2, "hang": 1}

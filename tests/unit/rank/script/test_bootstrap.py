@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from orchestrator.agent.children import BOOTSTRAP
-from orchestrator.rank.script.bootstrap import BEAT, BEAT_FILE_VAR
+from orchestrator.rank.agent_contract import BEAT_FILE_VAR, BEAT_LAYOUT
 
 LOADING_S, AFTER_FORWARD_S = 0.03, 0.06
 
@@ -34,7 +34,7 @@ def test_a_ranks_own_work_is_its_batch_forward_and_loss_and_not_what_follows(tmp
     done = subprocess.run([sys.executable, BOOTSTRAP, str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, BEAT_FILE_VAR: str(beat)})
     assert done.returncode == 0, done.stderr
-    steps, _, step_time, _, work = BEAT.unpack(beat.read_bytes()[:BEAT.size])
+    steps, _, step_time, _, work = BEAT_LAYOUT.unpack(beat.read_bytes()[:BEAT_LAYOUT.size])
     assert steps == 24
     # Slack above for a busy machine's late wake-ups; never the AFTER_FORWARD_S that follows.
     assert LOADING_S <= work < LOADING_S + AFTER_FORWARD_S / 2, (work, step_time)
