@@ -12,6 +12,7 @@
     cadence.py       when to checkpoint: every N steps or seconds, and at a coming preemption
     agent_link.py    how a rank reaches the run monitor: through its agent, over a Unix socket
     heartbeat.py     what the training thread is doing, sent every second
+    agent_contract.py what a rank and its agent agree on: the beat file, variables, failure marks, exit status
     collectives.py   small CPU collectives for the orchestrator's own coordination
     identity.py      who this rank is, from torchrun's variables; its devices
     rng.py           seeding, and each rank's random state captured and restored
