@@ -48,34 +48,40 @@ def _agent_env(monkeypatch, environ):
 
 
 def script_env(monkeypatch, job, shell, k, niceness=5):
-    """A script's rank's environment, as its agent builds it for an attempt."""
+    """A script's rank's environment, as its agent builds it for an attempt (rank_start.py)."""
     from orchestrator.agent.rank_start import RankStart
 
     _agent_env(monkeypatch, AGENT)
-    context = ScriptContext(cwd="/", env=shell, niceness=niceness)
-    return RankStart(job, context, RunDir.of(job.storage, job.name)).env(_placement(k))
+    context = ScriptContext(cwd="/", env=shell)
+    return RankStart(job, context, RunDir.of(job.storage, job.name)).env(_placement(k), niceness)
 
 
 def session_env(monkeypatch, tmp_path, job, k, environ=AGENT, niceness=5):
-    """A ctx or Lightning rank's environment, as its agent builds it for an attempt."""
-    from orchestrator.agent.session_ranks import SessionStart
+    """A ctx or Lightning rank's environment, as its agent builds it for an attempt (session_ranks.py)."""
+    from orchestrator.agent.echo import Echo
+    from orchestrator.agent.group import AgentGroup
+    from orchestrator.agent.launcher import RankSetting
+    from orchestrator.agent.session_ranks import Answers, SessionLauncher
 
     _agent_env(monkeypatch, environ)
     link = LinkAddress(str(tmp_path / "link"), b"key")
     config = WorkerConfig(spec=job, run_uri=f"{STORAGE}/envs", resume_uri=None, monitor=link, log_dir=None,
                           fence=None, storage_nonce=None, niceness=niceness)
-    env = SessionStart(config, link, str(tmp_path), "node-a", "cpu").env(_placement(k), in_place=False)
+    group = AgentGroup(0, 1, "node-a", "127.0.0.1", k, local=True)
+    setting = RankSetting(config, group, str(tmp_path), str(tmp_path / "logs"), Echo(lambda output: None))
+    launcher = SessionLauncher(setting, Answers(None, on_ray_train=False))
+    try:
+        env = launcher.env(_placement(k), in_place=False)
+    finally:
+        launcher.close()
     assert env.pop("ORCHESTRATOR_RANK_CONFIG") == str(tmp_path / "rank-config-1.pkl")
     return env
 
 
 def first_ranks_env(monkeypatch, job, environ):
     """The environment a local run's first ranks import under (driver/local.py `first_spares`)."""
-    from orchestrator.agent.rank_start import session_env as first
-
     _agent_env(monkeypatch, environ)
-    ranks = job.scaling.num_workers * job.ranks_per_worker
-    return first(job, {**os.environ, **local._agent_env(job, {})}, ranks)
+    return local.first_ranks_env(job, {})
 
 
 KEPT = {"PATH": "/usr/bin", "HOME": "/home/u", "NCCL_DEBUG": "WARN", "PYTHONPATH": "/code"}
