@@ -4,6 +4,7 @@ restarts them in place (torchelastic's model: agents survive, ranks restart), fo
     worker.py           the function Ray Train runs in each worker: the agent's entry point
     supervisor.py       the agent: attempts of K children, heartbeats, verdicts, logs, for every kind
     launcher.py         what the agent needs of a kind of rank: a launcher and a liveness
+    kinds.py            each kind of job's launcher and liveness: the one place that asks the kind
     rank_start.py       a script's ranks: their command, directory, environment, the stop as SIGTERM
     script_liveness.py  a script's ranks' beats, progress and end, which the agent measures and says
     session_ranks.py    a ctx or Lightning job's ranks: their start, their calls to the agent, their beats

@@ -6,8 +6,8 @@ which kind it runs (torchelastic's PContext in spirit):
   its progress and its end, where the rank does not say them itself.
 
 A torchrun script's ranks: rank_start.py `ScriptLauncher`, script_liveness.py `ScriptLiveness`;
-a ctx or Lightning job's: session_ranks.py `SessionLauncher`, `SessionLiveness`. `for_job` picks
-them, the one place that asks the job's kind.
+a ctx or Lightning job's: session_ranks.py `SessionLauncher`, `SessionLiveness`. kinds.py `for_job`
+picks them, the one place that asks the job's kind.
 """
 
 from __future__ import annotations
@@ -96,17 +96,4 @@ class Liveness(ABC):
     def finished(self, ranks: LocalRanks, attempt: int, stopped: bool) -> Finished | None:
         """Rank 0's end, for the driver (None: rank 0 reported its own)."""
         return None
-
-
-def for_job(setting: RankSetting, first_spares=None) -> tuple[Launcher, Liveness]:
-    """The launcher and liveness of the job's kind of rank. `first_spares`: a local run's first
-    ranks, started ahead by its command (driver/local.py)."""
-    if setting.config.spec.kind == "script":
-        from orchestrator.agent.rank_start import ScriptLauncher
-        from orchestrator.agent.script_liveness import ScriptLiveness
-
-        return ScriptLauncher(setting), ScriptLiveness(setting)
-    from orchestrator.agent.session_ranks import session_kind
-
-    return session_kind(setting, first_spares)
 

@@ -36,7 +36,8 @@ from orchestrator.agent import sessions
 from orchestrator.agent.children import LocalRanks, Placement, Sweeper, copy_logs, free_port
 from orchestrator.agent.echo import Echo
 from orchestrator.agent.group import AgentEnded, AgentGroup
-from orchestrator.agent.launcher import Launcher, Liveness, RankSetting, for_job
+from orchestrator.agent.kinds import for_job
+from orchestrator.agent.launcher import Launcher, Liveness, RankSetting
 from orchestrator.agent.outcome import failure_of, signal_name
 from orchestrator.failures import INFRASTRUCTURE, TAKEN_OVER, USER, FailureRecord, WorkerFailure
 from orchestrator.protocol import (
@@ -78,7 +79,7 @@ def train_script(config: WorkerConfig) -> None:
 
 
 class Supervisor:
-    """`kind`: the launcher and liveness of the job's kind of rank (launcher.py `for_job`)."""
+    """`kind`: the launcher and liveness of the job's kind of rank (kinds.py `for_job`)."""
 
     def __init__(self, config: WorkerConfig, group: AgentGroup,
                  kind: Callable[[RankSetting], tuple[Launcher, Liveness]] = for_job):

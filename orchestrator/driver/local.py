@@ -208,7 +208,7 @@ class LocalTrainer:
 
     def fit(self) -> None:
         from orchestrator.agent.group import AgentGroup
-        from orchestrator.agent.launcher import for_job
+        from orchestrator.agent.kinds import for_job
         from orchestrator.agent.supervisor import Supervisor
 
         spec = self.config.spec
