@@ -46,15 +46,17 @@ def share_of_agents(agent_threads: str | None, local_world_size: int) -> str | N
     return str(max(1, int(agent_threads) // local_world_size))
 
 
-def local_agent_threads(job: JobSpec, environ: Mapping[str, str]) -> str | None:
-    """A local run's agent's threads, which its ctx or Lightning ranks share (`share_of_agents`):
-    what Ray would give the one agent that holds every worker's ranks, their CPUs, so that each rank
-    computes with the threads it has on Ray. None: a script's (its ranks follow torchrun's rule), or
-    the user set them (in the shell, or the job's env)."""
-    if job.script is not None or THREADS in environ or THREADS in job.env:
-        return None
-    cpus = float(job.scaling.resources_per_worker.get("CPU", 1.0)) * job.scaling.num_workers
-    return str(max(1, int(cpus)))
+def local_agent_env(job: JobSpec, environ: Mapping[str, str], worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The variables a local run's agent's process gets: a Ray worker's (`worker_env`), and the
+    threads Ray would give the one agent that holds every worker's ranks (their CPUs), which its
+    ctx or Lightning ranks share (`share_of_agents`), so that each computes with the threads it has
+    on Ray. No threads for a script (its ranks follow torchrun's rule), nor where the user set them
+    (in the shell, `environ`, or the job's env)."""
+    env = dict(worker_env)
+    if job.script is None and THREADS not in environ and THREADS not in job.env:
+        cpus = float(job.scaling.resources_per_worker.get("CPU", 1.0)) * job.scaling.num_workers
+        env[THREADS] = str(max(1, int(cpus)))
+    return env
 
 
 @dataclass(frozen=True)

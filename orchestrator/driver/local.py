@@ -156,13 +156,9 @@ def session(job: JobSpec, worker_env: dict[str, str]) -> Iterator[None]:
 def _agent_env(job: JobSpec, worker_env: dict[str, str]) -> dict[str, str]:
     """The variables the agent's process gets for the run: a Ray worker's (`worker_env`), and the
     threads Ray would give the one agent that holds every worker's ranks (agent/rank_env.py)."""
-    from orchestrator.agent.rank_env import THREADS, local_agent_threads
+    from orchestrator.agent.rank_env import local_agent_env
 
-    worker_env = dict(worker_env)
-    threads = local_agent_threads(job, os.environ)
-    if threads is not None:
-        worker_env[THREADS] = threads
-    return worker_env
+    return local_agent_env(job, os.environ, worker_env)
 
 
 def ranks_here(job: JobSpec) -> int:
