@@ -79,7 +79,8 @@ def train_script(config: WorkerConfig) -> None:
 
 
 class Supervisor:
-    """`kind`: the launcher and liveness of the job's kind of rank (kinds.py `for_job`)."""
+    """A node's agent (the module's docstring) for any kind of rank: `kind` makes its launcher and
+    liveness (kinds.py `for_job`; a test passes fakes of its own)."""
 
     def __init__(self, config: WorkerConfig, group: AgentGroup,
                  kind: Callable[[RankSetting], tuple[Launcher, Liveness]] = for_job):

@@ -6,9 +6,9 @@ summary.json, goodput, and metrics on a Prometheus endpoint of the command's own
 more than one machine (nodes, elasticity across them) needs Ray: `choose` says which mode runs
 and why, on the run's first line.
 
-A failure the agent cannot restart in place is classified as Ray Train's controller classifies
-it (monitor/classifier.py), and the group is started again up to failure.max_failures times, as
-Ray Train would start it again.
+A failure the agent cannot restart in place is handled as on Ray Train's controller, by the same
+handler (monitor/group_failure.py), and the group is started again up to failure.max_failures
+times, as Ray Train would start it again.
 """
 
 from __future__ import annotations
