@@ -62,6 +62,7 @@ class Launcher(ABC):
 
     def close(self) -> None:
         """Nothing it holds outlives the agent."""
+        return None
 
 
 class Liveness(ABC):
@@ -69,6 +70,7 @@ class Liveness(ABC):
 
     def new_attempt(self) -> None:
         """A new attempt's ranks started: what was measured of the last is forgotten."""
+        return None
 
     def started(self, ranks: LocalRanks, placement: Placement, in_place: bool) -> list[Event]:
         """The events that announce the attempt's ranks (none for ranks that announce themselves)."""
@@ -76,6 +78,7 @@ class Liveness(ABC):
 
     def look(self, ranks: LocalRanks) -> None:
         """Before each round of beats: what they are measured from."""
+        return None
 
     @abstractmethod
     def beat(self, child: Child, progress: RankProgress, now: float) -> Beat | None:
