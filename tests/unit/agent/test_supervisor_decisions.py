@@ -4,7 +4,8 @@ beats what the test says) and everything else real: the run monitor in this proc
 has it, its restart budget and hang watchdog, the children, their sessions, the sweeper.
 
 A rank that exits non-zero is restarted in place within the budget; the budget used up, or a
-user's error, ends the run; a rank its liveness reports frozen is ended with its stacks; a stop is
+user's error, ends the run; a rank its liveness reports frozen, or a stopped one (SIGSTOP: no beat
+is sent for it), is ended with its stacks; a stop is
 passed on to the ranks and their ends are a stop; the monitor's abort ends the ranks and the agent."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ EXIT_0 = "pass"
 RANK_1_EXITS_3 = "import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)"
 RANK_1_RAISES = "import os\nif os.environ['RANK'] == '1':\n    raise ValueError('a bug of the user')"
 SLEEPS = "import time\ntime.sleep(600)"
+STOPS_ITSELF_ON_RANK_1 = "import os, signal, time\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(600)"
 SAVES_AT_SIGTERM = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(600)"
 
 
@@ -148,6 +150,16 @@ def test_a_rank_its_liveness_reports_frozen_is_ended_with_its_stacks_and_the_ran
     (stacks,) = agent.events(Stacks)
     assert stacks.attempt == 1 and set(stacks.collectives) == {"0", "1"}  # every rank asked, before its dump
     assert agent.left() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_gets_no_beat_and_is_ended_as_frozen_while_its_peer_beats(tmp_path):
+    agent = Agent(tmp_path, [STOPS_ITSELF_ON_RANK_1, EXIT_0])
+    agent.supervisor.run()
+    (restart,) = agent.events(RestartInPlace)
+    assert restart.failure["kind"] == "hang" and restart.failure["rank"] == 1
+    assert "stopped answering" in restart.failure["error"]
+    assert agent.launcher.starts == [(1, False), (2, True)] and agent.left() == []
 
 
 @pytest.mark.timeout(120)
