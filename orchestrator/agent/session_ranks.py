@@ -14,6 +14,9 @@ does for them:
   stopped (SIGSTOP, a frozen node), which the agent sees and does not vouch for;
 - the child's step time is measured here, from the heartbeats passed on (Ray's metrics are
   exported by a Ray process), afresh for each attempt.
+
+`SessionLauncher` and `SessionLiveness` are this kind's launcher and liveness (launcher.py),
+sharing the agent's `Answers` to its ranks' calls.
 """
 
 from __future__ import annotations
