@@ -10,6 +10,7 @@ passed on to the ranks and their ends are a stop; the monitor's abort ends the r
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -34,6 +35,14 @@ RANK_1_RAISES = "import os\nif os.environ['RANK'] == '1':\n    raise ValueError(
 SLEEPS = "import time\ntime.sleep(600)"
 STOPS_ITSELF_ON_RANK_1 = "import os, signal, time\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(600)"
 SAVES_AT_SIGTERM = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(600)"
+
+
+@pytest.fixture(autouse=True)
+def _collected():
+    """An agent and its ranks' pipes, held in reference cycles, collected before the next test
+    (which may count this process's threads and open files)."""
+    yield
+    gc.collect()
 
 
 class FakeLauncher(Launcher):
