@@ -6,7 +6,7 @@
 
 Which process runs each folder (each imports only from the rows above it; tests/project/test_layout.py checks both):
     errors, storage, run_dir, failures,   every process: errors, files, the run's folder, what failed,
-    protocol, processes, ray_private,     the typed messages, processes by id, Ray's private API,
+    protocol, processes, procfs, ray_private,  the typed messages, processes by id and /proc, Ray's private API,
     handles                               the run monitor called as an actor or in this process
     data/           the driver (its input check) and the ranks (loading): the global sample order, Parquet
     spec/           the driver parses and validates the job spec (nothing more); every process reads its JobSpec

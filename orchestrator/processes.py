@@ -14,6 +14,8 @@ import socket
 import time
 from functools import cache
 
+from orchestrator import procfs
+
 # Seconds a SIGKILLed process is given to be gone: the kernel frees a large process's memory
 # before it ends, which takes a moment, and a caller that returns meanwhile leaves it behind.
 KILLED_GONE_WITHIN_S = 5.0
@@ -59,11 +61,8 @@ def is_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie has exited; it only waits for its parent to reap it.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    stat = procfs.stat(pid)
+    return stat is None or not stat.zombie
 
 
 def session_pids(session_dir: str) -> list[int]:
@@ -75,34 +74,24 @@ def session_pids(session_dir: str) -> list[int]:
     """
     session_dir = os.path.realpath(session_dir.rstrip("/"))
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid() or not is_alive(int(entry)):
+    for pid in procfs.pids():
+        if pid == os.getpid() or not is_alive(pid):
             continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-            if session_dir in cmdline or any(
-                os.readlink(f"/proc/{entry}/fd/{fd}").startswith(session_dir + "/")
-                for fd in os.listdir(f"/proc/{entry}/fd")
-            ):
-                pids.append(int(entry))
-        except OSError:
+        cmdline = procfs.cmdline(pid)
+        if cmdline is None:
             continue  # the process ended, or is not ours to inspect
+        if session_dir in cmdline or any(path.startswith(session_dir + "/") for path in procfs.open_files(pid)):
+            pids.append(pid)
     return pids
 
 
 def descendants(pid: int) -> list[int]:
     """The live processes below `pid` in the process tree (children, their children, ...)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended meanwhile
-        children.setdefault(parent, []).append(int(entry))
+    for entry in procfs.pids():
+        stat = procfs.stat(entry)
+        if stat is not None:  # (else it ended meanwhile)
+            children.setdefault(stat.ppid, []).append(entry)
     found, frontier = [], [pid]
     while frontier:
         below = children.get(frontier.pop(), [])
@@ -115,25 +104,13 @@ def descendants(pid: int) -> list[int]:
 def kernel_and_pid_namespace() -> tuple[str | None, str | None]:
     """This kernel's boot id and this process's pid namespace (the inode of /proc/self/ns/pid);
     None for what cannot be read (off Linux)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip() or None
-    except OSError:
-        boot_id = None
-    try:
-        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        pid_ns = None
-    return boot_id, pid_ns
+    return procfs.boot_id(), procfs.pid_namespace()
 
 
 def pid_started(pid: int) -> str | None:
     """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); None where unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    stat = procfs.stat(pid)
+    return stat.started if stat is not None else None
 
 
 def pid_means_here(host: str | None, boot_id: str | None, pid_ns: str | None) -> bool:

@@ -44,8 +44,6 @@ class ScriptContext:
     cwd: str
     # The shell's NCCL_*, TORCH_*, GLOO_* and OMP_NUM_THREADS.
     env: dict[str, str] = field(default_factory=dict)
-    # The shell's niceness (Ray starts its workers at 15; the ranks take the user's).
-    niceness: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,8 +62,7 @@ class WorkerConfig:
     # The nonce of the storage marker the driver wrote: each worker must read it back.
     storage_nonce: str | None
     script_context: ScriptContext | None = None
-    # The driver's niceness: a ctx or Lightning job's ranks take it, as a script's take the
-    # shell's (Ray starts its workers, the agents, at 15).
+    # The driver's niceness, which every rank takes (Ray starts its workers, the agents, at 15).
     niceness: int = 0
 
     def __repr__(self) -> str:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator import storage
+from orchestrator import procfs, storage
 from orchestrator.agent import flight_records, sessions
 from orchestrator.failures import is_user_file
 # What each rank's environment and files hold (the bootstrap reads and writes them).
@@ -141,11 +141,8 @@ class Child:
 
     def stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, a debugger): it takes no step and answers nothing."""
-        try:
-            with open(f"/proc/{self.process.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-        except (OSError, IndexError):
-            return False
+        stat = procfs.stat(self.process.pid)
+        return stat is not None and stat.stopped
 
     def last_lines(self) -> list[str]:
         return [line for line in self.tail if line.strip()][-QUOTED_LINES:]

@@ -49,8 +49,8 @@ def collect(children: list, log_dir: str | None, wait_s: float = 10.0) -> dict[i
     """Each live, running child's dump, asked for at once and awaited up to `wait_s`: rank ->
     {process group: its last collective} (summarize). Each dump is copied beside its log.
 
-    A dump takes tens of milliseconds; the wait is long for a loaded machine (3 s once missed a
-    rank on a two-core CI machine), and only a rank that cannot answer makes the verdict wait."""
+    A dump takes tens of milliseconds; the wait is long for a loaded machine, and only a rank that
+    cannot answer makes the verdict wait."""
     asked = {}
     for child in children:
         path = child.env.get(FR_FILE_VAR)

@@ -14,6 +14,9 @@ does for them:
   stopped (SIGSTOP, a frozen node), which the agent sees and does not vouch for;
 - the child's step time is measured here, from the heartbeats passed on (Ray's metrics are
   exported by a Ray process), afresh for each attempt.
+
+`SessionLauncher` and `SessionLiveness` are this kind's launcher and liveness (launcher.py),
+sharing the agent's `Answers` to its ranks' calls.
 """
 
 from __future__ import annotations
@@ -22,19 +25,22 @@ import dataclasses
 import os
 import threading
 import time
+import types
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator import handles
-from orchestrator.agent.children import Placement
-from orchestrator.agent.rank_start import session_command, session_env
+from orchestrator.agent import rank_env
+from orchestrator.agent.children import Child, LocalRanks, Placement, RankProgress
+from orchestrator.agent.launcher import Launcher, Liveness, RankSetting
+from orchestrator.agent.rank_signals import RankSignals
+from orchestrator.agent.spares import Spares
 from orchestrator.protocol import AttemptBegun, Beat, BeatReply, PreemptionNotice
-from orchestrator.rank.agent_contract import NICENESS_VAR
-from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT
-from orchestrator.rank.heartbeat import FINISHING, STARTING
+from orchestrator.rank.agent_link import BEAT, BEGIN, PREEMPTION, SEND, SEND_AND_WAIT, LinkServer
+from orchestrator.rank.heartbeat import FINISHING, HANG_EXIT_CODE, STARTING
 from orchestrator.rank.identity import DEVICE_VAR, NODE_ID_VAR
-from orchestrator.rank.rank_main import CONFIG_VAR, RankConfig, write_config
 from orchestrator.ray_private import preemption_notice
-from orchestrator.worker_config import LinkAddress, WorkerConfig
+from orchestrator.spec import JobSpec
 
 # Seconds the monitor's answer to a passed-on heartbeat may take (heartbeat.REPLY_TIMEOUT_S).
 BEAT_REPLY_S = 10.0
@@ -43,34 +49,108 @@ WAIT_S = 60.0
 # Seconds a running child's own heartbeat may be late before the agent vouches for it (it beats
 # every second; the watchdog calls a rank silent after watchdog.SILENT_AFTER_S = 4).
 VOUCH_AFTER_S = 2.5
+# A ctx or Lightning rank's command (after the bootstrap): the worker session's own module.
+COMMAND = ["-m", "orchestrator.rank.rank_main"]
 
 
-class SessionStart:
-    """The command, directory and environment of a ctx or Lightning job's rank children."""
+def session_kind(setting: RankSetting, first_spares: Spares | None = None) -> tuple[SessionLauncher, SessionLiveness]:
+    """A ctx or Lightning job's launcher and liveness, sharing the agent's answers to its ranks."""
+    answers = Answers(setting.config.monitor, on_ray_train=not setting.group.local)
+    return SessionLauncher(setting, answers, first_spares), SessionLiveness(setting, answers)
 
-    def __init__(self, config: WorkerConfig, link: LinkAddress, scratch: str, node_id: str, devices: str):
-        self.config, self.link, self.scratch, self.node_id = config, link, scratch, node_id
-        self.devices = devices  # the agent's (agent/group.py): rank child i trains on the i-th
 
-    @staticmethod
-    def command() -> list[str]:
-        return session_command()
+def session_env(job: JobSpec, environ: Mapping[str, str], local_world_size: int,
+                niceness: int | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A ctx or Lightning rank's environment, whatever its attempt (rank_env.py): the agent's
+    `environ` without Ray's variables, the job's env, and its share of the agent's threads. The
+    agent's, and a local run's first ranks' (driver/local.py), which start before their attempt."""
+    return rank_env.rank_env(rank_env.SESSION, environ, job.env, local_world_size, niceness=niceness, extra=extra)
 
-    @staticmethod
-    def cwd() -> str:
-        return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
+
+def cwd() -> str:
+    return os.getcwd()  # the Ray worker's: the job's code is importable from here, as in the worker
+
+
+class SessionLauncher(Launcher):
+    """Starts a ctx or Lightning job's rank children (each from a spare where one waits), and holds
+    what they reach the agent by (the link) and the next attempt's spares (spares.py)."""
+
+    def __init__(self, setting: RankSetting, answers: Answers, first_spares: Spares | None = None):
+        self.setting, self.answers = setting, answers
+        self.link = LinkServer(setting.scratch, answers)
+        self.rank_signals = RankSignals(setting.config.monitor)  # a rank's SIGTERM: the run's stop
+        # The next attempt's ranks, started ahead; a local run's command may have started the
+        # first attempt's already (driver/local.py).
+        self.spares = first_spares or Spares(setting.config.spec.kind, COMMAND, cwd())
+
+    def start(self, placement: Placement, in_place: bool, latest_uri: str | None) -> LocalRanks:
+        setting = self.setting
+        self.answers.new_attempt(placement.attempt, latest_uri or setting.config.resume_uri)
+        env = self.env(placement, in_place)
+        # A ctx job's output stays in its logs: its rank 0 sends its own progress.
+        return LocalRanks(COMMAND, cwd(), env, placement, setting.scratch, setting.log_dir, echo=None,
+                          spares=self.spares.take())
 
     def env(self, placement: Placement, in_place: bool) -> dict[str, str]:
-        spec = self.config.spec
-        env = session_env(spec, os.environ, placement.local_world_size)
-        path = os.path.join(self.scratch, f"rank-config-{placement.attempt}.pkl")
+        # (It imports torch: the agent's process does, a local run's command at its first ranks does not.)
+        from orchestrator.rank.rank_main import CONFIG_VAR, RankConfig, write_config
+
+        setting, config = self.setting, self.setting.config
+        path = os.path.join(setting.scratch, f"rank-config-{placement.attempt}.pkl")
         # The child's session: the monitor through this agent; its output reaches its log through
         # this agent's copy of its pipe, so it writes no log of its own.
-        worker = dataclasses.replace(self.config, monitor=self.link, log_dir=None, script_context=None)
+        worker = dataclasses.replace(config, monitor=self.link.address, log_dir=None, script_context=None)
         write_config(path, RankConfig(worker=worker, in_place=in_place))
-        env.update({CONFIG_VAR: path, DEVICE_VAR: self.devices, NODE_ID_VAR: self.node_id,
-                    NICENESS_VAR: str(self.config.niceness)})
-        return env
+        devices = setting.group.devices(setting.group.ranks, config.spec.scaling.use_gpu)  # child i: the i-th
+        return session_env(config.spec, os.environ, placement.local_world_size, niceness=config.niceness,
+                           extra={CONFIG_VAR: path, DEVICE_VAR: devices, NODE_ID_VAR: setting.group.node_id})
+
+    def look(self, ranks: LocalRanks, attempt: int) -> set[int] | None:
+        self.rank_signals.pass_on(attempt, ranks.children)
+        if self.spares.start_when_settled(ranks, attempt, self.answers.beats_itself):
+            return self.spares.pids
+        return None
+
+    def pass_on_stop(self, ranks: LocalRanks) -> bool:
+        return False  # each rank hears of the stop in its own heartbeat's reply, and saves and ends
+
+    @property
+    def kept(self) -> set[int]:
+        return self.spares.pids
+
+    def close(self) -> None:
+        self.spares.close()
+        self.link.close()
+
+
+class SessionLiveness(Liveness):
+    """A session child beats itself once its session starts; until then, or while its own beat is
+    overdue though it runs, or once its training raised, the agent beats for it (module docstring)."""
+
+    def __init__(self, setting: RankSetting, answers: Answers):
+        self.answers, self.node_id = answers, setting.group.node_id
+        # How long a rank whose training raised may take to end before it is ended (children.py).
+        failure = setting.config.spec.failure
+        self.failing_grace_s = min(failure.hang_timeout_s, failure.finish_timeout_s)
+
+    def look(self, ranks: LocalRanks) -> None:
+        ranks.end_failing(self.failing_grace_s)  # its exit brings its error
+
+    def beat(self, child: Child, progress: RankProgress, now: float) -> Beat | None:
+        failing_s = child.failing_for()
+        if failing_s is not None:  # past its grace it is being ended (`look`)
+            return (self.answers.failing_beat(child.rank, failing_s, self.node_id, child.process.pid)
+                    if failing_s <= self.failing_grace_s else None)
+        if self.answers.beats_itself(child.rank):
+            return self.answers.vouched(child.rank, now, progress.steps, progress.idle_s)
+        return self.answers.starting_beat(child.rank, now - child.started, self.node_id, child.process.pid)
+
+    def finished_step(self, child: Child, progress: RankProgress) -> int:
+        return self.answers.last_step(child.rank)
+
+    def told_to_end(self, ranks: LocalRanks) -> bool:
+        # A child's heartbeat was told to end (a stop's grace ran out, the run taken over).
+        return any(code == HANG_EXIT_CODE for _, code in ranks.exited())
 
 
 class Answers:

@@ -19,7 +19,8 @@ for the same reason).
   every session listed in FILE (the agent rewrites it at each start of its ranks) and every
   process carrying MARK, then exits.
 
-Standard library only: the sweeper runs by path, with nothing of the orchestrator or Ray imported.
+Standard library only: the sweeper runs by path, with nothing of the orchestrator or Ray imported
+(it loads the /proc reader, procfs.py, by its path too).
 """
 
 from __future__ import annotations
@@ -29,6 +30,25 @@ import signal
 import sys
 import time
 
+
+def _load_procfs():
+    """orchestrator/procfs.py by its path, for the sweeper (run by path: the package is not imported)."""
+    import importlib.util
+
+    if "orchestrator_procfs" in sys.modules:
+        return sys.modules["orchestrator_procfs"]
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "procfs.py")
+    found = importlib.util.spec_from_file_location("orchestrator_procfs", path)
+    module = sys.modules["orchestrator_procfs"] = importlib.util.module_from_spec(found)  # (its dataclass asks)
+    found.loader.exec_module(module)
+    return module
+
+
+if __package__:
+    from orchestrator import procfs
+else:
+    procfs = _load_procfs()
+
 # prctl(2) options.
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -36,41 +56,25 @@ PR_SET_CHILD_SUBREAPER = 36
 MARK_VAR = "ORCHESTRATOR_AGENT_SCRATCH"
 # Seconds between the sweeper's looks at its agent.
 SWEEP_POLL_S = 0.5
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first), or None for a gone process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
 def members(sids: set[int]) -> dict[int, int]:
     """Every live process in one of the sessions `sids`: pid -> its session id (zombies left out)."""
     found = {}
-    for pid in _pids():
-        fields = _stat(pid)
-        # Fields after the command: state, ppid, pgrp, session, ...
-        if fields and fields[0] != "Z" and int(fields[3]) in sids:
-            found[pid] = int(fields[3])
+    for pid in procfs.pids():
+        stat = procfs.stat(pid)
+        if stat and not stat.zombie and stat.session in sids:
+            found[pid] = stat.session
     return found
 
 
 def cpu_seconds(sids: set[int]) -> dict[int, float]:
     """CPU seconds (user + system) each session's live processes have used: sid -> seconds."""
     used = dict.fromkeys(sids, 0.0)
-    for pid in _pids():
-        fields = _stat(pid)
-        if fields and int(fields[3]) in used:
-            # utime, stime: fields 14 and 15 of stat(5), 12 and 13 after the command.
-            used[int(fields[3])] += (int(fields[11]) + int(fields[12])) / _TICK
+    for pid in procfs.pids():
+        stat = procfs.stat(pid)
+        if stat and stat.session in used:
+            used[stat.session] += stat.cpu_seconds
     return used
 
 
@@ -119,8 +123,8 @@ def mark(scratch: str) -> str:
 
 
 def _live(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
+    stat = procfs.stat(pid)
+    return stat is not None and not stat.zombie
 
 
 def carrying(entry: str) -> list[int]:
@@ -132,15 +136,11 @@ def carrying(entry: str) -> list[int]:
     none of the agent's."""
     wanted, me = entry.encode(), os.getpid()
     found = []
-    for pid in _pids():
+    for pid in procfs.pids():
         if pid == me:
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                held = f.read().split(b"\0")
-        except OSError:
-            continue
-        if wanted in held and _live(pid):  # a zombie's reads empty anyway
+        held = procfs.environ(pid)
+        if held is not None and wanted in held and _live(pid):  # a zombie's reads empty anyway
             found.append(pid)
     return found
 
@@ -151,11 +151,11 @@ def reap_adopted(keep: set[int]) -> list[int]:
     their pids. Never in a caller's process (local mode): its exited children are its own to wait for."""
     me = os.getpid()
     reaped = []
-    for pid in _pids():
+    for pid in procfs.pids():
         if pid in keep:
             continue
-        fields = _stat(pid)
-        if fields and fields[0] == "Z" and int(fields[1]) == me:
+        stat = procfs.stat(pid)
+        if stat and stat.zombie and stat.ppid == me:
             try:
                 os.waitpid(pid, os.WNOHANG)
                 reaped.append(pid)
@@ -190,11 +190,11 @@ def take_niceness(niceness: int) -> None:
     allowed (CAP_SYS_NICE, RLIMIT_NICE); Linux keeps a niceness per thread, and new threads
     take their creator's. An agent runs at its ranks' priority, as torchrun's agent does:
     below them, on a busy node, it would hear of their ends late."""
-    for tid in os.listdir("/proc/self/task"):
+    for tid in procfs.threads():
         try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) > niceness:
-                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
-        except (OSError, ValueError):
+            if os.getpriority(os.PRIO_PROCESS, tid) > niceness:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError:
             pass
 
 
@@ -219,8 +219,7 @@ def sweep(agent_pid: int, path: str, entry: str | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only its agent's end ends it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
-        fields = _stat(agent_pid)
-        if fields is None or fields[0] == "Z" or not os.path.exists(path):
+        if not _live(agent_pid) or not os.path.exists(path):
             break
         time.sleep(SWEEP_POLL_S)
     # The file is gone when the agent ended its ranks itself (a finished or failed run).

@@ -1,13 +1,13 @@
 """Spares: the next attempt's rank processes of a ctx or Lightning job, started ahead of need.
 
 A restart in place spends most of its seconds in the new ranks' start: Python, torch, Lightning
-and the harness imported (about 1.5 s for a ctx rank here, 3 s for a Lightning one) before a rank
-joins the process group. So once every rank of an attempt beats itself (its imports and its
-process group done: a spare takes no core they need to start), the agent starts one spare a rank
-(bootstrap.py --spare), which imports those modules and waits. A restart hands each spare its
-rank's new environment (children.py); a rank with no spare alive is started afresh. Spares not
-handed an attempt end with the agent's ranks. A local run's command starts its first attempt's
-ranks as spares too, before it imports the job's code itself (driver/local.py `first_spares`).
+and the harness imported before a rank joins the process group. So once every rank of an attempt
+beats itself (its imports and its process group done: a spare takes no core they need to start),
+the agent starts one spare a rank (bootstrap.py --spare), which imports those modules and waits.
+A restart hands each spare its rank's new environment (children.py); a rank with no spare alive
+is started afresh. Spares not handed an attempt end with the agent's ranks. A local run's command
+starts its first attempt's ranks as spares too, before it imports the job's code itself
+(driver/local.py `first_spares`).
 
 Their cost: each spare holds the imported modules (its own resident memory, much of it shared
 libraries it shares with its rank) and takes a few CPU-seconds once an attempt. A torchrun script

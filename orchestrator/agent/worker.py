@@ -8,7 +8,7 @@ from orchestrator.worker_config import WorkerConfig
 
 
 def train_worker(config: dict[str, Any]) -> None:
-    from orchestrator.agent.rank_start import take_job_env
+    from orchestrator.agent.rank_env import take_job_env
     from orchestrator.agent.supervisor import train_script
 
     worker_config = WorkerConfig.from_config(config)

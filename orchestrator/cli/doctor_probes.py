@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from orchestrator import storage
+from orchestrator import procfs, storage
 
 PACKAGES = ("torch", "ray", "lightning")
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -260,11 +260,8 @@ class DeviceBench:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    model = procfs.cpu_model()
+    return model if model is not None else platform.processor() or platform.machine()
 
 
 @ray.remote(num_cpus=0)

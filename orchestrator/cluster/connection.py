@@ -167,7 +167,7 @@ def _environment(env: dict[str, str]):
 # the orchestrator's code runs in it: Ray's (RAY_ADDRESS, the settings Ray's workers and Ray
 # Train's controller read as they start), and torch's, gloo's and NCCL's, which Ray Train's process
 # group among the agents reads as it forms, before the agent sets the rest of the spec's `env:`
-# (agent/rank_start.py take_job_env). PYTHONPATH: Ray's workers import the job's modules by it.
+# (agent/rank_env.py take_job_env). PYTHONPATH: Ray's workers import the job's modules by it.
 RUNTIME_ENV_PREFIXES = ("RAY_", "TORCH_", "GLOO_", "NCCL_")
 RUNTIME_ENV_NAMES = frozenset({"PYTHONPATH"})
 

@@ -214,7 +214,7 @@ def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[s
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from orchestrator.agent.worker import train_worker
-    from orchestrator.monitor.classifier import FailureClassifier
+    from orchestrator.monitor.group_failure import GroupFailureCallback
 
     scaling = job.scaling
     elastic = scaling.elastic
@@ -247,7 +247,7 @@ def _build_trainer(job: JobSpec, worker_config: WorkerConfig, worker_env: dict[s
             failure_config=FailureConfig(max_failures=job.failure.max_failures,
                                          max_preemption_failures=job.failure.max_preemptions,
                                          controller_failure_limit=-1 if elastic else 0),
-            callbacks=[FailureClassifier(worker_config.monitor, job.failure.hang_timeout_s)],
+            callbacks=[GroupFailureCallback(worker_config.monitor, job.failure.hang_timeout_s)],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
             # Only when the job itself could not be given the workers' variables (cluster.connect).
             worker_runtime_env={"env_vars": worker_env} if worker_env else None,
@@ -283,7 +283,7 @@ SHELL_VARIABLES = ("OMP_NUM_THREADS",)
 
 def _script_context() -> ScriptContext:
     env = {k: v for k, v in os.environ.items() if k.startswith(SHELL_PREFIXES) or k in SHELL_VARIABLES}
-    return ScriptContext(cwd=os.getcwd(), env=env, niceness=os.nice(0))
+    return ScriptContext(cwd=os.getcwd(), env=env)  # (its niceness: WorkerConfig.niceness, every kind's)
 
 
 def _flatten_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,14 +6,15 @@ summary.json, goodput, and metrics on a Prometheus endpoint of the command's own
 more than one machine (nodes, elasticity across them) needs Ray: `choose` says which mode runs
 and why, on the run's first line.
 
-A failure the agent cannot restart in place is classified as Ray Train's controller classifies
-it (monitor/classifier.py), and the group is started again up to failure.max_failures times, as
-Ray Train would start it again.
+A failure the agent cannot restart in place is handled as on Ray Train's controller, by the same
+handler (monitor/group_failure.py), and the group is started again up to failure.max_failures
+times, as Ray Train would start it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,8 +84,7 @@ class Started(NamedTuple):
 def start(job: JobSpec, address: str | None, requested: str = AUTO) -> Started:
     """Choose the mode from the spec's first, import-free pass (nothing the full validation adds
     changes it), and for local mode start the first attempt's ranks at once (`first_spares`), once
-    they are known to fit on this machine: a run refused for its size starts none of them (before,
-    a spec's num_workers of 64 started 64 ranks importing torch, and the refusal came 112 s later)."""
+    they are known to fit on this machine: a run refused for its size starts none of them."""
     from orchestrator.cluster.environment import worker_env
 
     mode = choose(job, address, requested)
@@ -152,14 +152,16 @@ def session(job: JobSpec, worker_env: dict[str, str]) -> Iterator[None]:
 
 
 def _agent_env(job: JobSpec, worker_env: dict[str, str]) -> dict[str, str]:
-    """The variables the agent's process gets for the run: a Ray worker's (`worker_env`), and for a
-    ctx or Lightning job the threads Ray would give the one agent that holds every worker's ranks,
-    so that each rank computes with the threads it has on Ray (agent/session_ranks.py), bit for bit."""
-    worker_env = dict(worker_env)
-    if job.script is None and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-        cpus = float(job.scaling.resources_per_worker.get("CPU", 1.0)) * job.scaling.num_workers
-        worker_env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
-    return worker_env
+    """The variables the agent's process gets for the run: a Ray worker's (`worker_env`), and the
+    threads Ray would give the one agent that holds every worker's ranks (agent/rank_env.py)."""
+    from orchestrator.agent.rank_env import local_agent_env
+
+    return local_agent_env(job, os.environ, worker_env)
+
+
+def ranks_here(job: JobSpec) -> int:
+    """The ranks of a local run's one agent: every worker's."""
+    return job.scaling.num_workers * job.ranks_per_worker
 
 
 def first_spares(job: JobSpec, worker_env: dict[str, str]):
@@ -167,21 +169,28 @@ def first_spares(job: JobSpec, worker_env: dict[str, str]):
     imports the job's code: spares (agent/spares.py) that import torch and Lightning at the lowest
     priority while the command validates the spec, takes the lease and chooses the checkpoint, on a
     core it leaves idle, then are handed the attempt (`LocalTrainer`). Each imports under the
-    environment its rank will have. None for a script (its own imports come first, as under
-    torchrun) and for a GPU job (its devices are chosen with the attempt). The caller closes what
-    is not taken."""
+    environment its rank will have: the agent's own recipe (agent/session_ranks.py `session_env`)
+    on the environment `session` gives the agent and the agent's rank count (`ranks_here`). None
+    for a script (its own imports come first, as under torchrun) and for a GPU job (its devices are
+    chosen with the attempt). The caller closes what is not taken."""
     if job.script is not None or job.scaling.use_gpu:
         return None
-    from orchestrator.agent.rank_start import session_command, session_env
+    from orchestrator.agent import session_ranks
     from orchestrator.agent.spares import Spares
 
-    ranks = job.scaling.num_workers * job.ranks_per_worker
-    environ = {**os.environ, **_agent_env(job, worker_env)}
-    env = session_env(job, environ, ranks)
-    spares = Spares(job.kind, session_command(), os.getcwd(), first=True)
-    for local_rank in range(ranks):
+    env = first_ranks_env(job, worker_env)
+    spares = Spares(job.kind, session_ranks.COMMAND, session_ranks.cwd(), first=True)
+    for local_rank in range(ranks_here(job)):
         spares.start(local_rank, env)
     return spares
+
+
+def first_ranks_env(job: JobSpec, worker_env: dict[str, str]) -> dict[str, str]:
+    """What a local run's first ranks import under: what their agent's recipe gives them, on the
+    environment `session` will give the agent."""
+    from orchestrator.agent import session_ranks
+
+    return session_ranks.session_env(job, {**os.environ, **_agent_env(job, worker_env)}, ranks_here(job))
 
 
 class LocalTrainer:
@@ -193,22 +202,21 @@ class LocalTrainer:
 
     def fit(self) -> None:
         from orchestrator.agent.group import AgentGroup
+        from orchestrator.agent.kinds import for_job
         from orchestrator.agent.supervisor import Supervisor
 
-        spec, monitor = self.config.spec, self.config.monitor
-        group = AgentGroup.on_this_machine(spec.scaling.num_workers * spec.ranks_per_worker)
+        spec = self.config.spec
+        group = AgentGroup.on_this_machine(ranks_here(spec))
         group_failures = 0
         while True:
             try:
                 spares, self.spares = self.spares, None  # the first attempt's only
-                Supervisor(self.config, group, spares).run()
+                Supervisor(self.config, group, functools.partial(for_job, first_spares=spares)).run()
                 return
-            except Exception as exc:  # classified as Ray Train's controller would
-                from orchestrator.monitor.classifier import classify_failure  # (Ray Train's import: only now)
+            except Exception as exc:  # decided as on Ray Train's controller, and started again as it would
+                from orchestrator.monitor import group_failure  # (Ray Train's import: only now)
 
-                view = handles.get(monitor.failure_context.remote())
-                decision = classify_failure({0: exc}, view, spec.failure.hang_timeout_s)
-                handles.get(monitor.push.remote(decision.event()))
+                decision = group_failure.handle(self.config.monitor, {0: exc}, spec.failure.hang_timeout_s)
                 if decision.end is not None:
                     raise decision.end from None
                 group_failures += 1

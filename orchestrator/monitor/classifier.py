@@ -1,17 +1,16 @@
-"""Ray Train's controller callback that classifies each failure of a worker group (failures.py has
-the rules) and ends the run at once where a retry cannot help.
+"""The classification of each failure of a worker group (failures.py has the rules), and the error
+that ends the run at once where a retry cannot help.
 
 `classify_failure` decides from the workers' exceptions and the run monitor's view of the run;
-`FailureClassifier` fetches that view, records the decision with the monitor and carries it out."""
+group_failure.py fetches that view, records the decision and carries it out, for Ray Train's
+controller and for local mode alike."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-import ray.train
 from ray.exceptions import ActorDiedError
 
 from orchestrator.errors import OrchestratorError
@@ -37,8 +36,6 @@ from orchestrator.monitor.controller_errors import (
     UserCodeFailed,
 )
 from orchestrator.protocol import Failure, FailureContext, RankPlace
-
-log = logging.getLogger(__name__)
 
 DIED = "the worker process died or became unreachable"
 
@@ -156,29 +153,3 @@ def _end(kind: FailureKind, records: list[FailureRecord], view: FailureContext,
         return RestartsExhausted(f"{exhausted}; the last failure ({kind}): "
                                  + "; ".join(r.describe() for r in records), list(records))
     return None
-
-
-class FailureClassifier(ray.train.UserCallback):
-    """Runs on Ray Train's controller each time workers fail, before it decides to retry.
-
-    Records the failure (its classification per rank) with the run monitor, and ends the run at
-    once when the training code itself raised, when an error came back at the same step after a
-    restart, or when another driver took the run over.
-    """
-
-    def __init__(self, monitor, hang_timeout_s: float):
-        self.monitor = monitor
-        self.hang_timeout_s = hang_timeout_s
-
-    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
-        try:
-            view = ray.get(self.monitor.failure_context.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - the classification still stands without the monitor's view
-            view = NO_VIEW
-        decision = classify_failure(worker_exceptions, view, self.hang_timeout_s)
-        try:
-            ray.get(self.monitor.push.remote(decision.event()), timeout=10)
-        except Exception as exc:  # noqa: BLE001 - recording must not change the outcome
-            log.warning("could not record the failure with the run monitor: %s", exc)
-        if decision.end is not None:
-            raise decision.end

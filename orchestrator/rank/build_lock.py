@@ -18,6 +18,8 @@ import os
 import socket
 from types import FrameType
 
+from orchestrator import procfs
+
 # torch's file lock's module and its waiting loop.
 BATON_FILE = os.path.join("torch", "utils", "file_baton.py")
 # Seconds of waiting with no build process seen before the lock counts as left behind: a build
@@ -38,14 +40,9 @@ def building_in(folder: str) -> bool:
     compilers, there (cpp_extension's _run_ninja_build). Processes this user may not see count
     as not building."""
     folder = os.path.realpath(folder)
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:  # gone, or another user's
-            continue
-        if cwd == folder or cwd.startswith(folder + os.sep):
+    for pid in procfs.pids():
+        cwd = procfs.cwd(pid)  # None: gone, or another user's
+        if cwd is not None and (cwd == folder or cwd.startswith(folder + os.sep)):
             return True
     return False
 

@@ -9,9 +9,8 @@ beside it train or start, so it must not take their cores. Three things make its
 - Where autogroups are on (most distributions' default), the scheduler shares the CPUs between
   sessions first, and a thread's niceness only weighs it within its session: a spare, a session
   of its own, lowers its session's niceness too, or it takes a full session's share from the ranks
-  beside it (45% of a core each, measured on the quickstart). A local run's first ranks, started
-  ahead beside the command's own start, do not: their imports are as much the way to the first
-  step as the command's (a session's share each; yielding it cost the quickstart's first step 0.3 s).
+  beside it. A local run's first ranks, started ahead beside the command's own start, do not:
+  their imports are as much the way to the first step as the command's.
 - The handover may come while the spare still imports (a restart soon after the last): a thread
   that reads stdin from the start gives the rank's priority back at once, so that no rank starts
   at niceness 19 (under load, it would beat too late for the hang watchdog).
@@ -27,6 +26,25 @@ import json
 import os
 import sys
 import threading
+
+
+def _load_procfs():
+    """orchestrator/procfs.py by its path (this module is loaded so: the package is not imported)."""
+    import importlib.util
+
+    if "orchestrator_procfs" in sys.modules:
+        return sys.modules["orchestrator_procfs"]
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "procfs.py")
+    found = importlib.util.spec_from_file_location("orchestrator_procfs", path)
+    module = sys.modules["orchestrator_procfs"] = importlib.util.module_from_spec(found)  # (its dataclass asks)
+    found.loader.exec_module(module)
+    return module
+
+
+if __package__:
+    from orchestrator import procfs
+else:
+    procfs = _load_procfs()
 
 # A spare's niceness, its threads' and its session's, until its handover.
 SPARE_NICENESS = 19
@@ -105,7 +123,7 @@ class Handover:
             set_session_niceness(session)
         # The main thread first: a thread it starts from now on inherits the rank's niceness.
         main = threading.main_thread().native_id
-        for tid in [main, *(int(t) for t in os.listdir("/proc/self/task") if int(t) != main)]:
+        for tid in [main, *(t for t in procfs.threads() if t != main)]:
             try:
                 os.setpriority(os.PRIO_PROCESS, tid, niceness)
             except OSError:
@@ -114,29 +132,23 @@ class Handover:
 
 def session_niceness() -> int | None:
     """This process's session's niceness (its scheduler autogroup's), or None without autogroups."""
-    try:
-        with open("/proc/self/autogroup") as f:  # "/autogroup-123 nice 0"
-            return int(f.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
+    return procfs.autogroup_niceness()
 
 
 def set_session_niceness(niceness: int) -> None:
-    """The niceness of this process's session (its scheduler autogroup)."""
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(niceness))
-    except OSError:
-        pass  # no autogroups in this kernel: the threads' own niceness is all there is
+    """The niceness of this process's session (its scheduler autogroup); without autogroups in
+    the kernel, the threads' own niceness is all there is."""
+    procfs.set_autogroup_niceness(niceness)
 
 
 def may_lower_to(niceness: int) -> bool:
     """Whether this process may take `niceness` back after raising it: CAP_SYS_NICE, or RLIMIT_NICE."""
+    caps = procfs.effective_capabilities()
+    if caps is None:
+        return False
     try:
         import resource
 
-        with open("/proc/self/status") as f:
-            caps = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
-        return bool(caps & (1 << 23)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
-    except (ImportError, OSError, ValueError, StopIteration):
+        return bool(caps & (1 << procfs.CAP_SYS_NICE)) or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= niceness
+    except (ImportError, OSError, ValueError):
         return False

@@ -19,8 +19,10 @@ import pytest
 
 from orchestrator.agent import flight_records
 from orchestrator.agent.children import BOOTSTRAP, LocalRanks, Placement
-from orchestrator.agent.rank_start import session_env
-from orchestrator.agent.session_ranks import SessionStart
+from orchestrator.agent.echo import Echo
+from orchestrator.agent.group import AgentGroup
+from orchestrator.agent.launcher import RankSetting
+from orchestrator.agent.session_ranks import COMMAND, Answers, SessionLauncher, cwd, session_env
 from orchestrator.agent.spares import Spares
 from orchestrator.rank.spare import SPARE_NICENESS
 from orchestrator.spec import validate
@@ -75,7 +77,7 @@ def _first_ranks(kind: str, job, script, ranks: int) -> Spares:
 
 
 def _attempt(tmp_path, job, script, spares: Spares | None, group_rank: int = 0, groups: int = 1) -> LocalRanks:
-    """One attempt of one local rank with the environment the agent gives it (SessionStart), handed
+    """One attempt of one local rank with the environment the agent gives it (SessionLauncher), handed
     to `spares` (the first attempt's) or started afresh, as a restart starts it without a spare."""
     placement = Placement(group_rank, groups, 1, "127.0.0.1", _free_port(), 1, 0, "first")
     scratch = tmp_path / "scratch"
@@ -83,7 +85,13 @@ def _attempt(tmp_path, job, script, spares: Spares | None, group_rank: int = 0, 
     link = LinkAddress(str(scratch / "link"), b"test")
     config = WorkerConfig(spec=job, run_uri=str(tmp_path / "first"), resume_uri=None, monitor=link, log_dir=None,
                           fence=None, storage_nonce=None)
-    env = SessionStart(config, link, str(scratch), "node", "").env(placement, in_place=False)
+    group = AgentGroup(group_rank, groups, "node", "127.0.0.1", 1, local=True)
+    launcher = SessionLauncher(RankSetting(config, group, str(scratch), str(tmp_path / "logs"), Echo(lambda o: None)),
+                               Answers(None, on_ray_train=False))
+    try:
+        env = launcher.env(placement, in_place=False)
+    finally:
+        launcher.close()
     return LocalRanks([str(script)], os.getcwd(), env, placement, str(scratch), str(tmp_path / "logs"),
                       spares=spares.take() if spares is not None else None)
 
@@ -200,7 +208,7 @@ def test_every_thread_of_a_session_ranks_spare_blocks_sigterm_and_the_flight_rec
     recorder's signal on threads of its own, so every thread, its own threads too, must block both
     from the start (the SIGTERM thread once started before the flight recorder's mask, and a hang
     verdict's signal ended every ctx and Lightning rank)."""
-    spares = Spares("torch", SessionStart.command(), SessionStart.cwd(), first=first)
+    spares = Spares("torch", COMMAND, cwd(), first=first)
     try:
         spares.start(0, session_env(_job(tmp_path), os.environ, 1))
         (pid,) = spares.pids

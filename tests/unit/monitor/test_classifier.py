@@ -5,12 +5,9 @@ monitor's view of the run comes from a real RunMonitor object, fed the events it
 
 from __future__ import annotations
 
-import errno
-import logging
 import pickle
 import time
 
-import pytest
 import ray
 import torch
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
@@ -25,7 +22,7 @@ from orchestrator.failures import (
     WorkerFailure,
 )
 from orchestrator.monitor.actor import RunMonitor
-from orchestrator.monitor.classifier import DIED, FailureClassifier, classify_failure, describe_ray_error
+from orchestrator.monitor.classifier import DIED, classify_failure, describe_ray_error
 from orchestrator.monitor.controller_errors import RestartsExhausted, RunStoppedOnController, RunTakenOver, UserCodeFailed
 from orchestrator.protocol import RankStarted
 from orchestrator.spec import FailureSpec
@@ -179,16 +176,6 @@ def test_restarts_used_up_end_the_run_with_the_last_failure_but_a_bug_still_ends
 
     bug = classify_failure({0: _worker(_bug, 0)}, view, HANG_TIMEOUT_S)
     assert type(bug.end) is UserCodeFailed and not bug.event().exhausted
-
-
-def test_the_callback_classifies_and_ends_the_run_even_when_the_monitor_cannot_be_reached(caplog):
-    # No monitor to ask or to tell (None: every call to it fails, as to a dead actor's handle).
-    callback = FailureClassifier(None, HANG_TIMEOUT_S)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.monitor.classifier"):
-        with pytest.raises(UserCodeFailed, match=r"^rank 0: ValueError: invalid literal"):
-            callback.after_exception(None, {0: _worker(_bug, 0)})
-    assert "could not record the failure with the run monitor" in caplog.text
-    assert callback.after_exception(None, {1: OSError(errno.ECONNRESET, "Connection reset by peer")}) is None
 
 
 def test_a_dead_workers_record_carries_rays_own_reason_for_the_death():
