@@ -126,7 +126,7 @@ def test_a_rank_that_exits_non_zero_is_restarted_in_place_within_the_budget(tmp_
     agent.supervisor.run()
     assert agent.launcher.starts == [(1, False), (2, True)]
     (restart,) = agent.events(RestartInPlace)
-    assert restart.attempt == 2 and restart.failure["rank"] == 1
+    assert restart.attempt == 2 and restart.failure.rank == 1
     assert [(e.attempt, e.stopped) for e in agent.events(Finished)] == [(2, False)]
     assert agent.left() == [] and agent.launcher.closed >= 1
 
@@ -155,7 +155,7 @@ def test_a_rank_its_liveness_reports_frozen_is_ended_with_its_stacks_and_the_ran
     agent.supervisor.run()
     assert agent.launcher.starts == [(1, False), (2, True)]
     (restart,) = agent.events(RestartInPlace)
-    assert restart.failure["kind"] == "hang" and restart.failure["rank"] == 1
+    assert restart.failure.kind == "hang" and restart.failure.rank == 1
     (stacks,) = agent.events(Stacks)
     assert stacks.attempt == 1 and set(stacks.collectives) == {"0", "1"}  # every rank asked, before its dump
     assert agent.left() == []
@@ -166,8 +166,8 @@ def test_a_stopped_rank_gets_no_beat_and_is_ended_as_frozen_while_its_peer_beats
     agent = Agent(tmp_path, [STOPS_ITSELF_ON_RANK_1, EXIT_0])
     agent.supervisor.run()
     (restart,) = agent.events(RestartInPlace)
-    assert restart.failure["kind"] == "hang" and restart.failure["rank"] == 1
-    assert "stopped answering" in restart.failure["error"]
+    assert restart.failure.kind == "hang" and restart.failure.rank == 1
+    assert "stopped answering" in restart.failure.error
     assert agent.launcher.starts == [(1, False), (2, True)] and agent.left() == []
 
 

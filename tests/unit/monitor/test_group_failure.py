@@ -9,16 +9,19 @@ import logging
 import pytest
 
 from orchestrator import handles
-from orchestrator.failures import INFRASTRUCTURE, USER, UserCodeFailed
+from orchestrator.failures import INFRASTRUCTURE, USER
+from orchestrator.monitor.controller_errors import UserCodeFailed
 from orchestrator.monitor.actor import RunMonitor
 from orchestrator.monitor.group_failure import GroupFailureCallback, handle
 from orchestrator.protocol import Failure
+from orchestrator.spec.model import FailureSpec
 
 HANG_TIMEOUT_S = 30.0
 
 
 def _monitor() -> handles.InProcess:
-    return handles.InProcess(RunMonitor.__ray_actor_class__(HANG_TIMEOUT_S, {}, 3, (0.0, 0.0), "group"))
+    failure = FailureSpec(hang_timeout_s=HANG_TIMEOUT_S, max_failures=3, straggler_ratio=0.0, straggler_after_s=0.0)
+    return handles.InProcess(RunMonitor.__ray_actor_class__(failure, "group"))
 
 
 def _bug() -> ValueError:
@@ -33,7 +36,7 @@ def test_a_group_failure_is_recorded_with_the_monitor_and_a_users_error_ends_the
     decision = handle(monitor, {0: _bug()}, HANG_TIMEOUT_S)
     assert decision.kind == USER and type(decision.end) is UserCodeFailed
     (recorded,) = [e for e in handles.get(monitor.events_since.remote(0)) if isinstance(e, Failure)]
-    assert recorded.classification == USER and recorded.ranks[0]["rank"] == 0
+    assert recorded.classification == USER and recorded.ranks[0].rank == 0
 
 
 def test_a_lost_connection_is_the_infrastructures_and_leaves_the_retry_to_the_caller():
