@@ -271,8 +271,5 @@ def _job_of_driver(record: dict, pid: int) -> str | None:
 def _train_workers(record: dict, state: str, job: str) -> dict[str, dict]:
     """The Ray Train workers of `job` in `state` (ALIVE, DEAD), by actor id, as Ray's state API
     lists them: each one's pid."""
-    actors = _dashboard(record, "/api/v0/actors?limit=10000&filter_keys=class_name&filter_predicates=%3D"
-                                "&filter_values=RayTrainWorker&filter_keys=state&filter_predicates=%3D"
-                                f"&filter_values={state}")
-    return {actor["actor_id"]: {"pid": actor["pid"]} for actor in actors["data"]["result"]["result"]
-            if actor["job_id"] == job}
+    return {actor["actor_id"]: {"pid": actor["pid"]} for actor in _actors(record, job)
+            if actor["class_name"] == "RayTrainWorker" and actor["state"] == state}
